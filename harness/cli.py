@@ -1,0 +1,115 @@
+"""Command-line entry: a strict pre-check, then Hydra.
+
+Hydra reports composition errors over several lines and a stack-trace hint. A researcher who
+misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
+model is built, so a single run is first composed here with Hydra's compose API and any error
+is turned into one line (exit code 2). Sweeps (`-m`) skip the pre-check: each job validates
+itself, and a failing job is recorded without stopping the others.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("task", "model", "trainer", "logger", "experiment")
+
+
+class ConfigError(ValueError):
+    """A configuration the harness refuses to run; its message is one readable line."""
+
+
+def group_options(group: str) -> list[str]:
+    root = CONF_DIR / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def _one_line_compose_error(exc: BaseException, overrides: list[str]) -> str:
+    text = str(exc)
+    missing = re.search(r"Could not find '([\w/]+?)/([^']+)'", text)
+    if missing:
+        group, choice = missing.group(1), missing.group(2)
+        if group in GROUPS:
+            return f"unknown {group} '{choice}'; valid: {', '.join(group_options(group))}"
+    bad = re.search(r"Could not override '([^']+)'", text) or re.search(
+        r"Could not append to config\. An item is already at '([^']+)'", text
+    )
+    cause = exc.__cause__
+    detail = str(cause).splitlines()[0] if cause is not None else ""
+    if bad:
+        key = bad.group(1)
+        if "not in" in detail or "Key '" in detail and "not in" in text:
+            return f"unknown key '{key}'; valid keys here: {', '.join(_sibling_keys(key, overrides))}"
+        return f"bad value for '{key}': {detail or text.splitlines()[0]}"
+    if "not in" in text and "Key '" in text:
+        key = re.search(r"full_key: (\S+)", text)
+        return f"unknown key '{key.group(1) if key else '?'}'"
+    return text.strip().splitlines()[0]
+
+
+def _sibling_keys(key: str, overrides: list[str]) -> list[str]:
+    """Valid keys beside a misspelled one, from the config composed without it."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import DictConfig
+
+    rest = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(key)]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=rest)
+    except Exception:
+        return []
+    node = cfg
+    for part in key.split(".")[:-1]:
+        node = node.get(part) if isinstance(node, DictConfig) else None
+        if node is None:
+            return []
+    return sorted(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def compose_config(overrides: list[str]):
+    """Compose (and validate) the config for `overrides` exactly as a run would see it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.config import register
+    from harness.validate import validate_config
+
+    register()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except Exception as exc:  # Hydra and OmegaConf raise several types; all become one line
+        raise ConfigError(_one_line_compose_error(exc, overrides)) from exc
+    validate_config(cfg)
+    return cfg
+
+
+def _is_multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
+def _wants_hydra_only(argv: list[str]) -> bool:
+    return any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not _is_multirun(argv) and not _wants_hydra_only(argv):
+        overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")]
+        try:
+            compose_config(overrides)
+        except ValueError as exc:
+            print(f"harness: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    import hydra
+
+    from harness.config import register
+    from harness.run import run_job
+
+    register()
+    sys.argv = [sys.argv[0], *argv]
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_job)()

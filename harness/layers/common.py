@@ -1,0 +1,205 @@
+"""Parts shared by the mixers: the registry, norms, rotary embedding, short convolution, MLP."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.hooks import HookPoint
+
+# --------------------------------------------------------------------------------------------
+# Registry: model name -> mixer class. Each mixer module registers itself on import, so adding
+# a family is one new file plus one import line in harness/layers/__init__.py.
+
+MIXERS: dict[str, type] = {}
+
+
+def register(*names: str) -> Callable[[type], type]:
+    def deco(cls: type) -> type:
+        for name in names:
+            if name in MIXERS:
+                raise ValueError(f"mixer name {name!r} registered twice")
+            MIXERS[name] = cls
+        return cls
+
+    return deco
+
+
+def build_mixer(cfg, layer_idx: int) -> nn.Module:
+    """Construct the mixer named by cfg.name for layer `layer_idx`."""
+    if cfg.name not in MIXERS:
+        raise ValueError(f"unknown model name {cfg.name!r}; valid: {sorted(MIXERS)}")
+    return MIXERS[cfg.name](cfg, layer_idx)
+
+
+# --------------------------------------------------------------------------------------------
+# Norms
+
+NORMS = ("layernorm", "rmsnorm")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim)
+    if kind == "rmsnorm":
+        return RMSNorm(dim)
+    raise ValueError(f"unknown norm {kind!r}; valid: {list(NORMS)}")
+
+
+class HeadNorm(nn.Module):
+    """Per-head normalisation of a (B, H, T, D) read-out, then a per-channel gain.
+
+    This is RetNet's group norm (one group per head) with kind="layernorm" and Mamba-2's
+    per-head RMSNorm with kind="rmsnorm". Decay mixers have no denominator, so this norm is
+    what keeps their read-out on a fixed scale.
+    """
+
+    def __init__(self, n_heads: int, d_head: int, kind: str, eps: float = 1e-5) -> None:
+        super().__init__()
+        if kind not in NORMS:
+            raise ValueError(f"unknown norm {kind!r}; valid: {list(NORMS)}")
+        self.kind, self.eps = kind, eps
+        self.weight = nn.Parameter(torch.ones(n_heads, 1, d_head))
+        self.bias = nn.Parameter(torch.zeros(n_heads, 1, d_head)) if kind == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, D)
+        if self.kind == "layernorm":
+            x = x - x.mean(-1, keepdim=True)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return x + self.bias if self.bias is not None else x
+
+
+# --------------------------------------------------------------------------------------------
+# Rotary position embedding (rotate-half layout). Positions are computed per call: the model
+# has no learned absolute positions, and this keeps float64 runs exact.
+
+
+def rotary_enabled(cfg) -> bool:
+    """cfg.rotary, or the model's default when it is None: on for softmax only (softmax has
+    no other position information and cannot do MQAR without it; the recurrent mixers are
+    ordered by construction)."""
+    return cfg.name == "softmax" if cfg.rotary is None else bool(cfg.rotary)
+
+
+class Rotary(nn.Module):
+    def __init__(self, d_head: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"rotary needs an even head dimension, got {d_head}")
+        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, D)
+        T = x.shape[-2]
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        t = torch.arange(T, device=x.device, dtype=dtype)
+        angles = t[:, None] * self.inv_freq.to(device=x.device, dtype=dtype)[None, :]  # (T, D/2)
+        cos = torch.cat([angles.cos(), angles.cos()], -1).to(x.dtype)  # (T, D)
+        sin = torch.cat([angles.sin(), angles.sin()], -1).to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+# --------------------------------------------------------------------------------------------
+# Short causal depthwise convolution: each channel mixes its last `size` positions. One such
+# layer lets a single attention layer see the previous token, which MQAR needs.
+
+
+class ShortConv(nn.Module):
+    def __init__(self, dim: int, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.conv = nn.Conv1d(dim, dim, size, groups=dim, padding=size - 1, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        T = x.shape[1]
+        y = self.conv(x.transpose(1, 2))[..., :T]  # (B, C, T): left padding only -> causal
+        return y.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# MLP
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, ratio: int, dropout: float) -> None:
+        super().__init__()
+        self.in_proj = nn.Linear(d_model, ratio * d_model)
+        self.out_proj = nn.Linear(ratio * d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.out_proj(F.gelu(self.in_proj(x))))
+
+
+# --------------------------------------------------------------------------------------------
+# Head split / merge shared by every mixer.
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    B, T, C = x.shape
+    return x.view(B, T, n_heads, C // n_heads).transpose(1, 2)  # (B, H, T, D)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    B, H, T, D = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * D)  # (B, T, C)
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """x with softplus(x) = y, stable for small y."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+
+# --------------------------------------------------------------------------------------------
+# What every mixer shares: head geometry and the named hook points that measurement reads.
+
+
+class Mixer(nn.Module):
+    """Base of all mixers.
+
+    Hook points (all (B, H, T, .)):
+      hook_q_raw, hook_k_raw  q and k before the feature map (after rotary / scaling); their
+                              dot product is the score that monotonicity is measured against
+      hook_q, hook_k          exactly what is fed to the op (feature-mapped for kernel mixers)
+      hook_v                  values as fed to the op (dt-scaled for mamba)
+      hook_log_decay          decay mixers only: (B, H, T) or (B, H, T, Dk)
+      hook_out                the op's read-out, before per-head norm, gate and output projection
+
+    Subclasses set `family` (the ops state-accounting name), `d_key` (key dimension of the
+    state) and implement `effective_weights(q, k, log_decay)`, which calls the ops weights
+    function with the same arguments the forward pass gave the op.
+    """
+
+    family: str = ""
+    has_decay: bool = False
+
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads = cfg.n_heads
+        self.d_head = cfg.d_model // cfg.n_heads
+        self.d_key = self.d_head
+        self.hook_q_raw, self.hook_k_raw = HookPoint(), HookPoint()
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_out = HookPoint()
+        self.rotary = Rotary(self.d_head) if rotary_enabled(cfg) else None
+        if self.has_decay:
+            self.hook_log_decay = HookPoint()
+
+    def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:  # -> (B, H, T, T)
+        raise NotImplementedError

@@ -1,0 +1,70 @@
+"""Normalised kernel (linear) attention: linear, elu, favor and taylor.
+
+o_i = phi(q_i)^T S_i / phi(q_i)^T z_i with S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j),
+computed by ops.linear_attention in the configured form (chunk for training; parallel and
+recurrent give the same numbers). The feature maps come from harness.features:
+
+  linear  identity          m = d      (exact, hand-checkable; the denominator can change sign)
+  elu     elu(x) + 1        m = d      (Katharopoulos et al. 2020)
+  favor   FAVOR+            m features (Performer); phi(q).phi(k) estimates exp(q.k / sqrt(d))
+  taylor  [1, x, x(x)x/sqrt2]  m = 1 + d + d^2; phi(q).phi(k) = 1 + s + s^2/2, s = q.k / sqrt(d)
+
+favor and taylor approximate exp, so q and k are scaled by d^-1/4 *before* the feature map:
+their product then carries softmax's 1/sqrt(d) temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness import features, ops
+from harness.layers.common import Mixer, merge_heads, register, split_heads
+
+FEATURES = {"linear": "identity", "elu": "elu1", "favor": "favor", "taylor": "taylor"}
+EXP_KERNELS = ("favor", "taylor")  # feature maps that estimate exp(q.k): scale inputs by d^-1/4
+
+
+@register(*FEATURES)
+class KernelAttention(Mixer):
+    family = "linear"
+
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.kind = cfg.name
+        self.form, self.chunk_size, self.eps = cfg.form, cfg.chunk_size, cfg.eps
+        self.redraw_each_step = cfg.name == "favor" and cfg.favor_redraw == "step"
+        self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.input_scale = self.d_head**-0.25 if cfg.name in EXP_KERNELS else 1.0
+        m = cfg.favor_features if cfg.name == "favor" else None
+        # Features differ between layers (seed = layer index) and are shared by the heads of one
+        # layer, as in the Performer.
+        self.phi = features.feature_map(FEATURES[cfg.name], self.d_head, m=m, seed=layer_idx)
+        self.d_key = features.feature_dim(FEATURES[cfg.name], self.d_head, m=m)
+        if cfg.name == "favor":
+            self.favor = self.phi  # a module attribute so that its projection follows .to() / state_dict
+
+    def feature(self, x: torch.Tensor, *, is_query: bool) -> torch.Tensor:  # (B, H, T, D) -> (B, H, T, m)
+        if self.kind == "favor":
+            return self.phi(x, is_query=is_query)
+        return self.phi(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        if self.redraw_each_step and self.training:
+            self.phi.redraw()  # one forward pass in training mode is one step
+        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, D)
+        if self.rotary is not None:  # before the feature map: keeps phi >= 0 and one denominator
+            q, k = self.rotary(q), self.rotary(k)
+        q, k = self.hook_q_raw(q * self.input_scale), self.hook_k_raw(k * self.input_scale)
+        q = self.hook_q(self.feature(q, is_query=True))  # (B, H, T, m)
+        k = self.hook_k(self.feature(k, is_query=False))
+        v = self.hook_v(v)
+        o = ops.linear_attention(
+            q, k, v, form=self.form, causal=True, normalize=True, eps=self.eps, chunk_size=self.chunk_size
+        )  # (B, H, T, D)
+        o = self.hook_out(o)
+        return self.out_proj(merge_heads(o))
+
+    def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:
+        return ops.linear_weights(q, k, causal=True, normalize=True, eps=self.eps)  # (B, H, T, T)

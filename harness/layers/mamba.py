@@ -1,0 +1,89 @@
+"""Mamba-2 style input-dependent gating (and GLA's per-key-dimension gate as an option).
+
+The SSD recurrence is the shared decay core with q = C, k = B, v = dt * x, log a = dt * A:
+
+  S_t = exp(dt_t A_h) S_{t-1} + k_t (dt_t v_t)^T,   o_t = q_t^T S_t
+
+dt_t = softplus(x_t W_dt + b_dt) per head, with b_dt initialised so that dt is log-uniform in
+[1e-3, 1e-1], and A_h = -exp(A_log_h) with A_log_h = log(uniform(1, 16)) (both as Mamba-2).
+gate="per_dim" replaces the scalar decay by a per-key-dimension one (GLA):
+log a_t = logsigmoid(x_t W_g + b_g) / 16, and leaves v unscaled. Either way the read-out goes
+through a per-head RMSNorm and a silu gate. Mamba-2's D skip term is left out so that the
+mixer's read-out is exactly the decay core that the measurements decompose.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness import ops
+from harness.layers.common import HeadNorm, Mixer, inverse_softplus, merge_heads, register, split_heads
+
+DT_MIN, DT_MAX = 1e-3, 1e-1
+A_MIN, A_MAX = 1.0, 16.0
+GLA_GATE_TEMPERATURE = 16.0
+
+
+@register("mamba")
+class GatedDecay(Mixer):
+    family = "decay"
+    has_decay = True
+
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.form, self.chunk_size, self.gate = cfg.form, cfg.chunk_size, cfg.gate
+        C, H = cfg.d_model, self.n_heads
+        self.qkv_proj = nn.Linear(C, 3 * C, bias=False)
+        self.gate_proj = nn.Linear(C, C, bias=False)  # silu output gate (Mamba's z)
+        self.out_proj = nn.Linear(C, C, bias=False)
+        self.norm = HeadNorm(H, self.d_head, "rmsnorm")
+        if self.gate == "scalar":
+            self.dt_proj = nn.Linear(C, H, bias=False)
+            self.dt_bias = nn.Parameter(torch.empty(H))
+            self.A_log = nn.Parameter(torch.empty(H))
+        else:  # "per_dim"
+            self.decay_proj = nn.Linear(C, C, bias=False)
+            self.decay_bias = nn.Parameter(torch.empty(C))
+        self.reset_decay_parameters()
+
+    @torch.no_grad()
+    def reset_decay_parameters(self) -> None:
+        """Mamba-2 / GLA initialisation; the model calls this again after its generic init."""
+        if self.gate == "scalar":
+            H = self.n_heads
+            dt = torch.exp(torch.empty(H).uniform_(math.log(DT_MIN), math.log(DT_MAX)))
+            self.dt_bias.copy_(inverse_softplus(dt))
+            self.A_log.copy_(torch.log(torch.empty(H).uniform_(A_MIN, A_MAX)))
+        else:
+            # logsigmoid(b)/16 with b ~ U(1, 5): per-step decay between 0.98 and 0.9996
+            self.decay_bias.uniform_(1.0, 5.0)
+
+    def log_decay(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log_decay, dt): (B, H, T) and (B, H, T, 1) for scalar; (B, H, T, D) and None for per_dim."""
+        if self.gate == "scalar":
+            dt = F.softplus(self.dt_proj(x) + self.dt_bias).transpose(1, 2)  # (B, H, T)
+            A = -torch.exp(self.A_log)  # (H,)
+            return dt * A[None, :, None], dt.unsqueeze(-1)
+        g = F.logsigmoid(self.decay_proj(x) + self.decay_bias) / GLA_GATE_TEMPERATURE  # (B, T, C)
+        return split_heads(g, self.n_heads), None  # (B, H, T, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, D)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        q, k = self.hook_q_raw(q), self.hook_k_raw(k)  # no feature map: raw == fed
+        log_decay, dt = self.log_decay(x)
+        if dt is not None:
+            v = v * dt  # SSD: the input is discretised with the same step as the decay
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        log_decay = self.hook_log_decay(log_decay)
+        o = ops.decay_attention(q, k, v, log_decay, form=self.form, chunk_size=self.chunk_size)  # (B, H, T, D)
+        o = self.norm(self.hook_out(o))
+        return self.out_proj(merge_heads(o) * F.silu(self.gate_proj(x)))
+
+    def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:
+        return ops.decay_weights(q, k, log_decay)  # (B, H, T, T)

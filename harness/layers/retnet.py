@@ -1,0 +1,56 @@
+"""Retention (RetNet): multi-scale constant decay, no denominator.
+
+S_t = gamma_h S_{t-1} + k_t v_t^T, o_t = q_t^T S_t with gamma_h = 1 - 2^(-5-h) for head h, so
+the heads see exponentially different horizons (1/(1-gamma): 32, 64, 128, ... tokens). q is
+scaled by d_head^-1/2; the read-out goes through a per-head group norm, a swish gate and an
+output projection (Sun et al. 2023).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness import ops
+from harness.layers.common import HeadNorm, Mixer, merge_heads, register, split_heads
+
+
+def retnet_log_gammas(n_heads: int) -> torch.Tensor:
+    """log gamma_h, gamma_h = 1 - 2^(-5-h), h = 0..H-1; computed in float64."""
+    h = torch.arange(n_heads, dtype=torch.float64)
+    return torch.log1p(-torch.pow(2.0, -5.0 - h))  # (H,)
+
+
+@register("retnet")
+class Retention(Mixer):
+    family = "decay"
+    has_decay = True
+
+    def __init__(self, cfg, layer_idx: int) -> None:
+        super().__init__(cfg, layer_idx)
+        self.form, self.chunk_size = cfg.form, cfg.chunk_size
+        self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.norm = HeadNorm(self.n_heads, self.d_head, "layernorm")
+        self.register_buffer("log_gamma", retnet_log_gammas(self.n_heads), persistent=False)  # (H,)
+        self.q_scale = 1.0 / math.sqrt(self.d_head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        B, T, _ = x.shape
+        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, D)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        q, k = self.hook_q_raw(q * self.q_scale), self.hook_k_raw(k)  # no feature map: raw == fed
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        log_decay = self.log_gamma.to(x.dtype)[None, :, None].expand(B, self.n_heads, T)  # (B, H, T)
+        log_decay = self.hook_log_decay(log_decay)
+        o = ops.decay_attention(q, k, v, log_decay, form=self.form, chunk_size=self.chunk_size)  # (B, H, T, D)
+        o = self.norm(self.hook_out(o))
+        return self.out_proj(merge_heads(o) * F.silu(self.gate_proj(x)))
+
+    def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:
+        return ops.decay_weights(q, k, log_decay)  # (B, H, T, T)

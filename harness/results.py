@@ -1,0 +1,143 @@
+"""What a run leaves behind: resolved config, metrics.jsonl, results.json, environment.
+
+results.json schema (version 1) is documented in the README; analysis/loader.py reads it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.json"
+METRICS_FILE = "metrics.jsonl"
+# Keys that say where or how loudly a run happens, not what it computes: they do not enter
+# the config hash, so a rerun of a sweep with another output folder still finds its results.
+_HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "logger.", "sweep.")
+
+
+def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
+    """{'model.d_model': 64, ...}: flat, so wandb sweep parameters cannot clobber a subtree."""
+    tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk({k: v for k, v in tree.items() if k != "hydra"}, "")
+    return out
+
+
+def config_hash(cfg: DictConfig | dict) -> str:
+    flat = {k: v for k, v in flat_config(cfg).items()
+            if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)}
+    blob = json.dumps(flat, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def _git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def env_info(device: str | None = None) -> dict[str, Any]:
+    versions = {}
+    for pkg in ("torch", "numpy", "scipy", "hydra-core", "omegaconf", "wandb", "pandas"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    info = {
+        "device": device,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": versions["torch"],
+        "git_commit": _git_commit(),
+        "versions": versions,
+        "cpu_threads": None,
+    }
+    try:
+        import torch
+
+        info["cpu_threads"] = torch.get_num_threads()
+        if device and device.startswith("cuda"):
+            info["device_name"] = torch.cuda.get_device_name(torch.device(device))
+    except Exception:  # informational only
+        pass
+    return info
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null so every reader parses the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return _clean(value.item())
+    return value
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Atomic write: a killed run never leaves a half-written results.json behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_results(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / RESULTS_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def base_results(cfg: DictConfig, mode: str) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA_VERSION,
+        "mode": mode,
+        "status": "ok",
+        "error": None,
+        "task": cfg.task.name if mode == "train" else None,
+        "model": cfg.model.name,
+        "config_hash": config_hash(cfg),
+        "config": flat_config(cfg),
+        "summary": {},
+    }
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON line per evaluation, flushed as it is written."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "w")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps(_clean(row)) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

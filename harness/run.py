@@ -1,0 +1,90 @@
+"""One Hydra job: validate, skip if already done, dispatch on `mode`, record the outcome.
+
+In a sweep a failing job writes a results.json with status "failed" and its error, and the
+sweep goes on; `harness.sweep.SweepSummary` reports what failed and why at the end.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness.results import (RESULTS_FILE, base_results, config_hash, read_results,
+                             write_json)
+
+
+def _hydra_context() -> tuple[Path | None, bool, Path | None]:
+    """(run dir, is multirun, sweep dir) from Hydra when it is running us."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return None, False, None
+    multirun = hc.mode == RunMode.MULTIRUN
+    return Path(hc.runtime.output_dir), multirun, Path(hc.sweep.dir) if multirun else None
+
+
+def find_completed(root: Path, digest: str) -> Path | None:
+    """A run directory under `root` whose results.json is ok and has this config hash."""
+    for path in sorted(root.rglob(RESULTS_FILE)):
+        res = read_results(path.parent)
+        if res and res.get("status") == "ok" and res.get("config_hash") == digest:
+            return path.parent
+    return None
+
+
+def dispatch(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    if cfg.mode == "train":
+        from harness.train import train
+
+        return train(cfg, out_dir)
+    if cfg.mode == "probe":
+        from harness.probe_run import probe_run
+
+        return probe_run(cfg, out_dir)
+    if cfg.mode == "cost":
+        from harness.cost_run import cost_run
+
+        return cost_run(cfg, out_dir)
+    raise ValueError(f"unknown mode '{cfg.mode}'")
+
+
+def run_job(cfg: DictConfig) -> dict[str, Any]:
+    run_dir, multirun, sweep_dir = _hydra_context()
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else (run_dir or Path("outputs/run"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+
+    if multirun and cfg.sweep.skip_completed and sweep_dir is not None:
+        done = find_completed(sweep_dir, config_hash(cfg))
+        if done is not None:
+            print(f"[harness] skip: results for this config exist in {done}")
+            return {"status": "skipped", "dir": str(done)}
+
+    from harness.validate import validate_config
+
+    started = time.time()
+    try:
+        validate_config(cfg)
+        return dispatch(cfg, out_dir)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        failure = base_results(cfg, cfg.mode)
+        failure.update(status="failed", error=f"{type(exc).__name__}: {exc}",
+                       traceback=traceback.format_exc(), wall_time_s=time.time() - started)
+        write_json(out_dir / RESULTS_FILE, failure)
+        if multirun and not cfg.sweep.fail_on_error:
+            print(f"[harness] run failed ({type(exc).__name__}: {exc}); sweep continues",
+                  file=sys.stderr)
+            return {"status": "failed", "error": str(exc)}
+        if isinstance(exc, ValueError):
+            print(f"harness: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise

@@ -1,0 +1,286 @@
+"""Training loop: config -> task batches -> model -> metrics -> results.json.
+
+AdamW with warmup and cosine decay, gradient clipping, held-out evaluation every
+`trainer.eval_every` steps and at the end, early stop once every evaluation setting reaches
+`trainer.target_accuracy`. Training batches are generated on the device, `data_chunk` steps
+at a time in one vectorised call; the loss is read back to the host only when the progress
+bar refreshes, so the hot loop has no other host-device sync.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from harness.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
+                             flat_config, write_json)
+from harness.validate import model_config, task_config
+
+IGNORE = -100
+
+
+def select_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.device={spec} but no CUDA device is available")
+    return torch.device(spec)
+
+
+def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norms, biases, gains or decay rates)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": tr.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tr.lr, betas=(0.9, 0.98), eps=1e-8)
+
+
+def lr_factor(step: int, tr) -> float:
+    """Linear warmup, then cosine from 1 down to `min_lr_ratio` at `max_steps`."""
+    if step < tr.warmup_steps:
+        return (step + 1) / tr.warmup_steps
+    span = max(1, tr.max_steps - tr.warmup_steps)
+    progress = min(1.0, (step - tr.warmup_steps) / span)
+    return tr.min_lr_ratio + (1 - tr.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
+
+
+def train_batches(module, tcfg, tr, seed: int, device: torch.device) -> Iterator[Any]:
+    """Endless training batches, `data_chunk` of them per vectorised generator call."""
+    chunk = 0
+    while True:
+        big = module.make_batch(tcfg, tr.batch_size * tr.data_chunk,
+                                seed=seed * 1_000_003 + chunk, device=device, split="train")
+        for i in range(tr.data_chunk):
+            sl = slice(i * tr.batch_size, (i + 1) * tr.batch_size)
+            yield big.inputs[sl], big.targets[sl]
+        chunk += 1
+
+
+@dataclass
+class EvalSet:
+    """A held-out batch for one evaluation setting (fixed for the whole run)."""
+    name: str
+    batch: Any
+    seq_len: int
+
+
+def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device) -> list[EvalSet]:
+    sets = []
+    for i, setting in enumerate(module.eval_settings(tcfg)):
+        batch = module.make_batch(setting, tr.eval_examples, seed=seed * 7919 + i,
+                                  device=device, split="test")
+        n = getattr(setting, "num_pairs", None)
+        sets.append(EvalSet(name=f"{batch.slice_name}={n}" if n else f"set{i}", batch=batch,
+                            seq_len=batch.inputs.shape[1]))
+    return sets
+
+
+@torch.no_grad()
+def evaluate(model, eval_sets: list[EvalSet], autocast, chunk: int = 256) -> dict[str, Any]:
+    """Accuracy and loss per setting and per slice value (N or distance)."""
+    model.eval()
+    per_set, slices = [], []
+    for es in eval_sets:
+        b = es.batch
+        correct, count, loss_sum = [], [], 0.0
+        for s in range(0, b.inputs.shape[0], chunk):
+            with autocast():
+                logits = model(b.inputs[s:s + chunk])
+            tgt = b.targets[s:s + chunk]
+            mask = tgt != IGNORE
+            loss_sum += F.cross_entropy(logits[mask].float(), tgt[mask], reduction="sum").item()
+            correct.append((logits.argmax(-1) == tgt)[mask])
+            count.append(b.slice_value[s:s + chunk][mask])
+        hits = torch.cat(correct).float()
+        values = torch.cat(count)
+        n = hits.numel()
+        per_set.append({"name": es.name, "accuracy": hits.mean().item(), "loss": loss_sum / n,
+                        "count": n, "seq_len": es.seq_len})
+        for v in torch.unique(values).tolist():
+            sel = values == v
+            slices.append({"slice": b.slice_name, "value": int(v), "seq_len": es.seq_len,
+                           "accuracy": hits[sel].mean().item(), "count": int(sel.sum())})
+    model.train()
+    accuracy = sum(p["accuracy"] for p in per_set) / len(per_set)
+    loss = sum(p["loss"] for p in per_set) / len(per_set)
+    return {"accuracy": accuracy, "loss": loss, "min_accuracy": min(p["accuracy"] for p in per_set),
+            "settings": per_set, "slices": slices}
+
+
+def _autocast_factory(device: torch.device, precision: str):
+    enabled = precision == "bf16"
+
+    def ctx():
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    return ctx
+
+
+def _measure(model, eval_sets: list[EvalSet], examples: int) -> dict[str, Any]:
+    from harness.measure import measure_model
+
+    heads, summary = [], {}
+    for i, es in enumerate(eval_sets):
+        b = es.batch
+        sub = type(b)(**{k: (v[:examples] if torch.is_tensor(v) else v)
+                         for k, v in b._asdict().items()}) if hasattr(b, "_asdict") else b
+        out = measure_model(model, sub)
+        heads.extend(out["heads"])
+        if i == 0:
+            summary = out["summary"]
+    return {"summary": summary, "heads": heads}
+
+
+def state_summary(model, task_seq_len: int) -> dict[str, Any]:
+    from harness.ops import kv_cache_elements
+
+    cfg = model.cfg
+    d_head = cfg.d_model // cfg.n_heads
+    per_head = model.state_elements_per_head()
+    heads = cfg.n_heads * cfg.n_layers
+    kv = kv_cache_elements(task_seq_len, d_head)
+    bytes_per = 4
+    if cfg.name == "softmax":
+        per_head = kv
+    return {"d_key": model.d_key, "d_head": d_head, "state_elements_per_head": per_head,
+            "state_bytes": per_head * heads * bytes_per, "kv_cache_bytes": kv * heads * bytes_per}
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    from harness.model import LanguageModel
+
+    started = time.time()
+    tr = cfg.trainer
+    device = select_device(tr.device)
+    torch.manual_seed(cfg.seed)
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    module, tcfg = task_config(cfg.task)
+    mcfg = model_config(cfg.model)
+    eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)
+    max_len = max(es.seq_len for es in eval_sets)
+    train_len = module.make_batch(tcfg, 1, seed=0, device=device).inputs.shape[1]
+    model = LanguageModel(mcfg, vocab_size=tcfg.vocab_size,
+                          max_seq_len=max(max_len, train_len)).to(device)
+    step_model = torch.compile(model) if tr.compile else model
+    opt = build_optimizer(model, tr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tr))
+    autocast = _autocast_factory(device, tr.precision)
+
+    from harness.wandb_logger import make_logger
+
+    flat = flat_config(cfg)
+    logger = make_logger(cfg.logger, flat, out_dir, name=f"{cfg.task.name}-{mcfg.name}")
+    metrics = MetricsLog(out_dir / METRICS_FILE)
+    results = base_results(cfg, "train")
+    failed = True
+    try:
+        batches = train_batches(module, tcfg, tr, cfg.seed, device)
+        bar = tqdm(total=tr.max_steps, desc=f"{cfg.task.name}/{mcfg.name}", disable=not tr.progress,
+                   dynamic_ncols=True, leave=True)
+        running = torch.zeros((), device=device)
+        last_eval: dict[str, Any] = {}
+        last_loss = float("nan")
+        eval_step = -1
+        step = 0
+        stopped_early = False
+        while step < tr.max_steps:
+            inputs, targets = next(batches)
+            with autocast():
+                loss = lm_loss(step_model(inputs), targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if tr.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+            opt.step()
+            sched.step()
+            running += loss.detach()
+            step += 1
+            if step % tr.log_every == 0 or step == tr.max_steps:
+                avg = (running / (step % tr.log_every or tr.log_every)).item()
+                running.zero_()
+                if not math.isfinite(avg):
+                    raise FloatingPointError(f"training loss became {avg} at step {step}")
+                last_loss = avg
+                bar.set_postfix(loss=f"{avg:.3f}", acc=f"{last_eval.get('accuracy', 0):.3f}")
+                logger.log({"train/loss": avg, "train/lr": sched.get_last_lr()[0]}, step=step)
+            bar.update(1)
+            if step % tr.eval_every == 0 or step == tr.max_steps:
+                last_eval = evaluate(model, eval_sets, autocast)
+                eval_step = step
+                row = {"step": step, "time_s": time.time() - started,
+                       "accuracy": last_eval["accuracy"], "loss": last_eval["loss"],
+                       **{f"accuracy/{p['name']}": p["accuracy"] for p in last_eval["settings"]}}
+                metrics.write(row)
+                logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
+                bar.set_postfix(loss=f"{last_loss:.3f}", acc=f"{last_eval['accuracy']:.3f}")
+                if tr.target_accuracy is not None and last_eval["min_accuracy"] >= tr.target_accuracy:
+                    stopped_early = step < tr.max_steps
+                    break
+        bar.close()
+        if eval_step != step:
+            last_eval = evaluate(model, eval_sets, autocast)
+        summary: dict[str, Any] = {
+            "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
+            "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
+            **state_summary(model, max_len),
+        }
+        for p in last_eval["settings"]:
+            summary[f"accuracy/{p['name']}"] = p["accuracy"]
+        results["slices"] = last_eval["slices"]
+        if tr.measure:
+            measured = _measure(model, eval_sets, tr.measure_examples)
+            summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
+            results["heads"] = measured["heads"]
+        summary["wall_time_s"] = time.time() - started
+        results["summary"] = summary
+        results["env"] = env_info(str(device))
+        if tr.checkpoint:
+            torch.save({"model": model.state_dict(),
+                        "config": OmegaConf.to_container(cfg, resolve=True)},
+                       out_dir / "model.pt")
+        write_json(out_dir / RESULTS_FILE, results)
+        logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
+        failed = False
+    finally:
+        metrics.close()
+        logger.finish(failed=failed)
+    _report(cfg, summary, last_eval, out_dir)
+    return results
+
+
+def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path) -> None:
+    per = ", ".join(f"{p['name']}: {p['accuracy']:.3f}" for p in last_eval["settings"])
+    print(f"[harness] {cfg.task.name}/{cfg.model.name}: accuracy {summary['accuracy']:.3f} "
+          f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
+    print(f"[harness] state {summary['state_elements_per_head']:,} elements/head "
+          f"({_fmt_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
+          f"{_fmt_bytes(summary['kv_cache_bytes'])})")
+    if "target_weight" in summary:
+        print(f"[harness] retrieval head: weight on the correct key {summary['target_weight']:.3f}, "
+              f"SNR measured {summary.get('snr_measured', float('nan')):.2f} "
+              f"vs predicted {summary.get('snr_predicted', float('nan')):.2f}")
+    print(f"[harness] results: {out_dir / RESULTS_FILE}")
