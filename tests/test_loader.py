@@ -1,0 +1,138 @@
+"""analysis.loader on synthetic results trees: sweeps, single runs, failures, half-written sweeps."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.loader import NoResultsError, find_results, load_all, load_results, results_root
+
+
+def _fixtures():
+    path = Path(__file__).parent / "fixtures" / "make_results.py"
+    spec = importlib.util.spec_from_file_location("make_results", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_results = _fixtures()
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    return make_results.write_results_tree(tmp_path_factory.mktemp("results"))
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> dict[str, Path]:
+    return make_results.write_loader_cases(tmp_path_factory.mktemp("cases"))
+
+
+def test_multirun_gives_one_row_per_run_in_job_order(tree):
+    runs = load_results(tree / "capacity")
+    assert len(runs) == 9                                    # 4 mixers x 2 seeds + 1 failed
+    assert list(runs.columns[:6]) == ["run_dir", "mode", "status", "error", "task", "model"]
+    assert [Path(d).name for d in runs["run_dir"]] == [str(i) for i in range(9)]
+    assert runs["status"].value_counts().to_dict() == {"ok": 8, "failed": 1}
+    assert set(runs["task"]) == {"interference"}
+    elu = runs[runs["model"] == "elu"]
+    assert elu["config.seed"].tolist() == [0, 1]
+    assert elu["config.model.d_model"].tolist() == [32, 32]
+    assert (elu["summary.d_key"] == 16).all()
+    assert pd.api.types.is_float_dtype(runs["summary.accuracy"])
+
+
+def test_slices_rows_carry_their_run(tree):
+    slices = load_results(tree / "capacity", "slices")
+    assert len(slices) == 8 * 6                              # the failed run has no slices
+    wanted = {"run_dir", "model", "slice", "value", "accuracy", "config.seed", "summary.d_key"}
+    assert wanted <= set(slices.columns)
+    first = json.loads((tree / "capacity" / "0" / "results.json").read_text())
+    rows = slices[slices["run_dir"] == (tree / "capacity" / "0").as_posix()]
+    assert rows["value"].tolist() == [s["value"] for s in first["slices"]]
+    assert rows["accuracy"].tolist() == pytest.approx([s["accuracy"] for s in first["slices"]])
+    assert (rows["model"] == first["model"]).all()
+    assert (rows["summary.accuracy"] == first["summary"]["accuracy"]).all()
+
+
+def test_table_field_keeps_its_name_and_the_run_column_moves(tree):
+    probe = load_results(tree / "snr", "probe")
+    assert set(probe["model"]) == {"linear", "elu", "favor"}  # the probed mixer
+    assert set(probe["run.model"]) == {"linear"}              # the run's own model
+    assert len(probe) == 3 * 2 * 5
+
+
+def test_single_run_directory_and_results_file(cases):
+    runs = load_results(cases["single"])
+    assert len(runs) == 1 and runs.loc[0, "run_dir"] == cases["single"].as_posix()
+    assert runs.loc[0, "summary.accuracy"] == 0.875
+    same = load_results(cases["single"] / "results.json", "slices")
+    assert same["value"].tolist() == [4, 8] and same["accuracy"].tolist() == [1.0, 0.75]
+
+
+def test_failed_run_is_a_row_without_tables(cases):
+    runs = load_results(cases["failed"])
+    assert runs.loc[0, "status"] == "failed"
+    assert "out of memory" in runs.loc[0, "error"]
+    assert not any(c.startswith("summary.") for c in runs.columns)
+    slices = load_results(cases["failed"], "slices")
+    assert slices.empty and {"run_dir", "status", "model"} <= set(slices.columns)
+
+
+def test_missing_table_is_an_empty_frame(cases):
+    heads = load_results(cases["no_tables"], "heads")
+    assert heads.empty and "run_dir" in heads.columns
+    assert load_results(cases["no_tables"]).loc[0, "summary.accuracy"] == 1.0
+
+
+def test_partial_sweep_skips_unfinished_and_keeps_unreadable_as_failed(cases):
+    runs = load_results(cases["partial"])
+    assert [Path(d).name for d in runs["run_dir"]] == ["0", "1", "3", "10"]  # 2 has no results.json
+    broken = runs.set_index(runs["run_dir"].map(lambda d: Path(d).name)).loc["3"]
+    assert broken["status"] == "failed" and "unreadable results.json" in broken["error"]
+    # Config only in .hydra/config.yaml: read from there, nested keys flattened.
+    from_hydra = runs.iloc[-1]
+    assert from_hydra["model"] == "linear"
+    assert from_hydra["config.model.d_model"] == 48 and from_hydra["config.seed"] == 3
+    assert len(load_results(cases["partial"], "slices")) == 2 * 2  # jobs 0 and 10
+
+
+def test_no_results_raises_a_clear_error(cases, tmp_path):
+    with pytest.raises(NoResultsError, match="no results.json under"):
+        load_results(cases["empty"])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        find_results(tmp_path / "nowhere")
+
+
+def test_load_all_is_every_table_in_one_long_frame(tree):
+    long = load_all(tree)
+    assert long.columns[0] == "table"
+    counts = long["table"].value_counts().to_dict()
+    per_experiment = [load_results(tree / e) for e in make_results.EXPERIMENTS]
+    assert counts["runs"] == sum(len(r) for r in per_experiment)
+    for name in ("slices", "heads", "probe", "cost"):
+        assert counts[name] == len(load_results(tree, name))
+    assert set(counts) == {"runs", "slices", "heads", "probe", "cost"}
+
+
+def test_nested_config_lists_and_extra_scalars(tmp_path):
+    payload = {"schema": 1, "mode": "train", "status": "ok", "error": None, "task": "recall",
+               "model": "elu", "config_hash": "abc123",
+               "config": {"model": {"d_model": 32}, "task": {"test_num_pairs": [4, 8]}},
+               "summary": {"accuracy": 0.5}, "env": {"versions": {"torch": "2.13"}}}
+    (tmp_path / "results.json").write_text(json.dumps(payload))
+    run = load_results(tmp_path).iloc[0]
+    assert run["config.model.d_model"] == 32
+    assert run["config.task.test_num_pairs"] == (4, 8)      # hashable, so groupby works
+    assert run["config_hash"] == "abc123" and run["env.versions.torch"] == "2.13"
+
+
+def test_results_root_follows_the_environment(monkeypatch):
+    monkeypatch.delenv("HARNESS_RESULTS", raising=False)
+    assert results_root() == Path("results/quick") and results_root("paper") == Path("results/paper")
+    monkeypatch.setenv("HARNESS_RESULTS", "/data/sweeps")
+    assert results_root() == Path("/data/sweeps")

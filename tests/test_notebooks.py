@@ -1,0 +1,73 @@
+"""Each analysis notebook (jupytext py:percent) executes top to bottom on synthetic results
+and draws its figures."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+jupytext = pytest.importorskip("jupytext")
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "analysis").glob("nb_*.py"))
+
+
+def _fixtures():
+    path = Path(__file__).parent / "fixtures" / "make_results.py"
+    spec = importlib.util.spec_from_file_location("make_results", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    return _fixtures().write_results_tree(tmp_path_factory.mktemp("results"))
+
+
+@pytest.fixture(scope="module")
+def kernel(tree, tmp_path_factory):
+    """One python3 kernel of this interpreter for every notebook (each starts from a cleared
+    namespace; only the imported modules carry over, which saves a start-up per notebook).
+
+    Its kernelspec runs sys.executable, so the kernel sees this environment whatever other
+    kernelspecs the machine has registered; it reads results from the fixture tree."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    specs = tmp_path_factory.mktemp("kernels")
+    (specs / "python3").mkdir()
+    (specs / "python3" / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (ipykernel)", "language": "python"}))
+    km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]))
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # the notebook picks inline
+    km.start_kernel(cwd=str(REPO), env={**env, "HARNESS_RESULTS": str(tree)})
+    yield km
+    km.shutdown_kernel(now=True)
+
+
+def test_every_figure_family_has_a_notebook():
+    names = {p.stem for p in NOTEBOOKS}
+    assert names == {"nb_capacity", "nb_snr", "nb_sharpness", "nb_mqar", "nb_induction", "nb_cost"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_executes_on_fixture_results(path, kernel):
+    nb = jupytext.read(path)
+    assert nb.metadata["jupytext"]["text_representation"]["format_name"] == "percent"
+    nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
+    client = nbclient.NotebookClient(nb, km=kernel, timeout=120)
+    client.execute()   # raises CellExecutionError, with the failing cell, on any error
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert images, "the notebook shows its figure"
+    stderr = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
+    assert "skipped" not in stderr, stderr
