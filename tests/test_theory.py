@@ -1,0 +1,176 @@
+"""harness.theory: the crosstalk law, decay-weighted pair counts, kernel dimensions and the
+accuracy model, each against an independent computation (closed forms, scipy quadrature,
+a plain recurrence, or a Monte Carlo of the stated noise model)."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate, special
+
+from harness import theory
+
+
+# --------------------------------------------------------------------------------------------
+# SNR law and pair counts.
+
+
+def test_predicted_snr_is_the_law():
+    assert theory.predicted_snr(128, 128) == pytest.approx(1.0)
+    assert theory.predicted_snr(128, 4096) == pytest.approx(0.1768, abs=1e-4)  # SPEC: 0.18 at N = 4096
+    np.testing.assert_allclose(theory.predicted_snr(64, np.array([16, 64, 256])), [2.0, 1.0, 0.5])
+    assert math.isinf(theory.predicted_snr(64, 0))
+
+
+def test_crosstalk_pairs_without_decay_is_n_minus_1():
+    w = np.ones(10)
+    assert theory.crosstalk_pairs(w, target=3) == pytest.approx(9.0)
+    np.testing.assert_allclose(theory.crosstalk_pairs(w), np.full(10, 9.0))
+    assert theory.aggregate_pairs(w) == pytest.approx(9.0)
+    assert theory.state_pairs(w) == pytest.approx(10.0)
+    np.testing.assert_allclose(theory.read_participation(w), np.full(10, 9.0))
+
+
+def test_crosstalk_pairs_with_constant_decay():
+    gamma, n = theory.retnet_gamma(0), 200
+    assert gamma == 1 - 2**-5
+    w = theory.decay_pair_weights(np.full(n, math.log(gamma)))
+    # the newest write (distance 0) sees sum_{t=1}^{n-1} gamma^(2t) of crosstalk
+    newest = sum(gamma ** (2 * t) for t in range(1, n))
+    assert theory.crosstalk_pairs(w, target=n - 1) == pytest.approx(newest, rel=1e-12)
+    # a write at distance t sees the same crosstalk scaled up by gamma^(-2t)
+    assert theory.crosstalk_pairs(w, target=n - 11) == pytest.approx(
+        (newest + 1 - gamma**20) / gamma**20, rel=1e-12)
+    assert theory.state_pairs(w) == pytest.approx(theory.constant_decay_state_pairs(gamma, n), rel=1e-12)
+    assert theory.constant_decay_state_pairs(gamma, 10**6) == pytest.approx(1 / (1 - gamma**2))
+
+
+def test_aggregate_pairs_is_blind_to_decay():
+    """Read from one state, the ratio-of-means count is N - 1 whatever the weights."""
+    rng = np.random.default_rng(0)
+    for w in (rng.uniform(0, 1, 50), np.exp(-rng.uniform(0, 5, 50).cumsum())):
+        assert theory.aggregate_pairs(w) == pytest.approx(49.0)
+
+
+def test_decay_pair_weights_match_the_recurrence():
+    """Survival weights equal the coefficients a scalar recurrence leaves on each write."""
+    rng = np.random.default_rng(1)
+    n = 40
+    log_a = -rng.uniform(0.0, 0.5, n)
+    scale = rng.uniform(0.5, 2.0, n)
+    coeff = np.zeros(n)  # S_t = a_t S_{t-1} + scale_t e_t, tracked per write
+    for t in range(n):
+        coeff *= math.exp(log_a[t])
+        coeff[t] += scale[t]
+    np.testing.assert_allclose(theory.decay_pair_weights(log_a, scale), coeff, rtol=1e-12)
+
+
+def test_decay_pair_weights_underflow_to_zero_not_nan():
+    w = theory.decay_pair_weights(np.full(100_000, -0.05))
+    assert np.isfinite(w).all() and w[0] == 0.0 and w[-1] == 1.0
+    pairs = theory.crosstalk_pairs(w)
+    assert np.isinf(pairs[0]) and np.isfinite(pairs[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel effective dimension.
+
+
+@pytest.mark.parametrize("d", [16, 64])
+def test_kernel_dims_against_quadrature(d):
+    assert theory.kernel_effective_dim("linear", d) == d
+    # softmax: the Bessel form against direct quadrature over the cosine density
+    e2 = theory.sphere_expectation(lambda t: math.exp(2 * math.sqrt(d) * (t - 1)), d)
+    assert theory.kernel_effective_dim("softmax", d) == pytest.approx(1 / e2, rel=1e-6)
+    # taylor: kappa = 1 + s + s^2/2 with s = sqrt(d) t
+    cross = theory.sphere_expectation(lambda t: (1 + math.sqrt(d) * t + d * t * t / 2) ** 2, d)
+    assert theory.kernel_effective_dim("taylor", d) == pytest.approx((1 + math.sqrt(d) + d / 2) ** 2 / cross, rel=1e-6)
+    assert math.isnan(theory.kernel_effective_dim("favor", d))
+
+
+def test_elu_kernel_dim_is_small_and_flat_in_d():
+    """Positive features: d_kernel ~ 2 for every d, and Monte Carlo of real keys agrees."""
+    dims = [theory.kernel_effective_dim("elu", d) for d in (16, 32, 64, 128, 256)]
+    assert all(1.8 < x < 2.5 for x in dims) and max(dims) / min(dims) < 1.1
+    rng = np.random.default_rng(2)
+    d = 64
+    k = rng.standard_normal((2000, d))
+    k *= math.sqrt(d) / np.linalg.norm(k, axis=1, keepdims=True)
+    phi = np.where(k > 0, k + 1, np.exp(k))
+    self_sq = np.mean(np.sum(phi * phi, 1) ** 2)
+    cross_sq = np.mean(np.sum(phi[:1000] * phi[1000:], 1) ** 2)
+    assert theory.kernel_effective_dim("elu", d) == pytest.approx(self_sq / cross_sq, rel=0.03)
+
+
+# --------------------------------------------------------------------------------------------
+# Accuracy model.
+
+
+def test_accuracy_limits_and_monotone():
+    C, dv = 1024, 64
+    assert theory.predicted_accuracy(0.0, C, dv) == pytest.approx(1 / C)
+    assert theory.predicted_accuracy(math.inf, C, dv) == 1.0
+    assert theory.predicted_accuracy(1e-3, C, dv, 1000) == pytest.approx(1 / C, rel=0.05)
+    assert theory.predicted_accuracy(20.0, C, dv, 1000) > 0.9999
+    s = np.geomspace(1e-2, 1e1, 60)
+    acc = theory.predicted_accuracy(s, C, dv, 1000)
+    assert np.all(np.diff(acc) >= -1e-9)
+
+
+def test_accuracy_table_matches_direct_integration():
+    s = np.geomspace(0.02, 5.0, 200)
+    table = theory.predicted_accuracy(s, 1024, 32, 500)
+    direct = np.array([theory.predicted_accuracy(float(x), 1024, 32, 500) for x in s[::20]])
+    np.testing.assert_allclose(table[::20], direct, atol=3e-3)
+
+
+def _monte_carlo_of_model(snr, C, dv, P, samples, rng):
+    """Sample the stated noise model (assumptions a-e) directly."""
+    k = theory.noise_dof(P, dv)
+    nu = rng.chisquare(k, samples) / k
+    sig2 = nu / snr**2
+    x = 1 + np.sqrt(theory.projection_fraction(C, dv) * sig2) * rng.standard_normal(samples)
+    o2 = x * x + (1 - theory.projection_fraction(C, dv)) * sig2
+    counts = rng.poisson(P / C, (samples, C - 1))
+    rho = np.sqrt(o2[:, None] + dv * sig2[:, None] * counts / P)
+    g = rng.standard_normal((samples, C - 1, dv))
+    t = g[..., 0] / np.linalg.norm(g, axis=-1)  # cosine to a random direction in R^dv
+    return np.mean(np.all(rho * t < x[:, None], axis=1))
+
+
+@pytest.mark.parametrize("snr,P", [(0.6, 40), (0.35, 400)])
+def test_accuracy_integral_matches_monte_carlo_of_its_model(snr, P):
+    rng = np.random.default_rng(3)
+    C, dv, samples = 128, 24, 6000
+    mc = _monte_carlo_of_model(snr, C, dv, P, samples, rng)
+    se = math.sqrt(mc * (1 - mc) / samples)
+    assert theory.predicted_accuracy(snr, C, dv, P) == pytest.approx(mc, abs=4 * se + 2e-3)
+
+
+def test_cosine_cdf_matches_betainc():
+    for d in (3, 32, 128):
+        x = np.linspace(-0.99, 0.99, 397)
+        tail = 0.5 * special.betainc((d - 1) / 2, 0.5, 1 - x * x)
+        exact = np.where(x >= 0, 1 - tail, tail)
+        np.testing.assert_allclose(theory._cosine_cdf(x, d), exact, atol=1e-6)
+        # and the density it integrates is the cosine law
+        assert integrate.quad(lambda t: math.exp(theory._sphere_cosine_logpdf(t, d)), -1, 1)[0] == pytest.approx(1.0)
+
+
+def test_recall_survives_past_n_equals_d():
+    """The subtlety: SNR = 1 at N = d, yet top-1 recall of random keys is still near 1 there,
+    and the capacity is of order d^2 / (2 ln C), not d."""
+    C = 1024
+    for d in (32, 64, 128):
+        assert theory.predicted_accuracy(theory.predicted_snr(d, d - 1), C, d, d - 1) > 0.9
+        cap = theory.recall_capacity(d, d, C, accuracy=0.5)
+        assert 2 * d < cap
+        assert 0.7 < cap / (d * d / (2 * math.log(C))) < 1.5
+    assert "read vector" in theory.explain() and "accuracy" in theory.explain()
+
+
+def test_accuracy_rejects_bad_sizes():
+    with pytest.raises(ValueError):
+        theory.predicted_accuracy(1.0, 1, 32)
+    with pytest.raises(ValueError):
+        theory.kernel_effective_dim("relu", 32)
