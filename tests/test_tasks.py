@@ -1,0 +1,345 @@
+"""Task generators: layouts, labels, determinism and validation."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tasks import TASKS, get_task
+from tasks import induction, interference, recall
+from tasks.base import IGNORE, NO_SLICE, PAD, balanced_choice, make_generator, power_law_offsets
+
+
+def _check_common(batch, slice_name: str) -> None:
+    """Shapes, dtypes, and the contract shared by every task."""
+    b, t = batch.inputs.shape
+    for name in ("inputs", "targets", "slice_value", "target_pos"):
+        x = getattr(batch, name)
+        assert x.shape == (b, t) and x.dtype == torch.long, name
+    assert batch.slice_name == slice_name
+    lab = batch.label_mask
+    assert lab.any(dim=1).all(), "every example has labels"
+    # nothing outside labelled positions
+    assert (batch.slice_value[~lab] == NO_SLICE).all()
+    assert (batch.target_pos[~lab] == NO_SLICE).all()
+    assert (batch.slice_value[lab] >= 0).all()
+    # target_pos points at the token that answers: inputs[b, target_pos] == targets[b, t]
+    tp = batch.target_pos.clamp(min=0)
+    read = batch.inputs.gather(1, tp)
+    assert torch.equal(read[lab], batch.targets[lab])
+    # the answer lies strictly before the position that must predict it (causal models)
+    rows, cols = lab.nonzero(as_tuple=True)
+    assert (batch.target_pos[rows, cols] < cols).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# registry
+
+def test_get_task_names_and_unknown():
+    assert sorted(TASKS) == ["induction", "interference", "recall"]
+    assert get_task("recall") is recall and get_task("induction") is induction
+    with pytest.raises(ValueError, match=r"^unknown task 'x'; valid: induction, interference, recall$"):
+        get_task("x")
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_configs_are_hydra_structured(name):
+    module = get_task(name)
+    node = OmegaConf.structured(module.Config)
+    cfg = module.Config(**OmegaConf.to_container(node))
+    module.validate(cfg)
+    # a mapping with the Hydra group's `name` is accepted; unknown fields are not
+    module.validate({**dataclasses.asdict(cfg), "name": name})
+    with pytest.raises(ValueError, match="unknown config field 'seq_length'"):
+        module.validate({**dataclasses.asdict(cfg), "seq_length": 3})
+
+
+# ---------------------------------------------------------------------------------------------
+# determinism and call arguments
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_determinism_in_seed_and_split(name):
+    module = get_task(name)
+    cfg = module.Config()
+    a = module.make_batch(cfg, 8, seed=3)
+    b = module.make_batch(cfg, 8, seed=3)
+    for x, y in zip(a[:4], b[:4]):
+        assert torch.equal(x, y)
+    c = module.make_batch(cfg, 8, seed=4)
+    assert not torch.equal(a.inputs, c.inputs)
+    test = module.make_batch(cfg, 8, seed=3, split="test")
+    assert not torch.equal(a.inputs, test.inputs)
+    # train seed 2s+1 and test seed s never share a stream
+    assert not torch.equal(module.make_batch(cfg, 8, seed=7).inputs, test.inputs)
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_call_argument_errors(name):
+    module = get_task(name)
+    cfg = module.Config()
+    with pytest.raises(ValueError, match="unknown split 'val'"):
+        module.make_batch(cfg, 2, seed=0, split="val")
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        module.make_batch(cfg, 0, seed=0)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        module.make_batch(cfg, 2, seed=1.5)
+
+
+def test_sampling_functions():
+    g = make_generator(0, "train", "cpu")
+    picks = balanced_choice(g, 4, 10, 3)
+    counts = torch.stack([(picks == i).sum(1) for i in range(3)], 1)
+    assert ((counts == 3) | (counts == 4)).all() and (counts.sum(1) == 10).all()
+    distinct = balanced_choice(g, 4, 3, 5)
+    assert all(len(set(row)) == 3 for row in distinct.tolist())
+    offs = power_law_offsets(g, 2000, 1, 50, 0.01)
+    uniform = power_law_offsets(g, 2000, 1, 50, 1.0)
+    assert offs.float().mean() < 0.6 * uniform.float().mean()
+    assert (offs < 10).float().mean() > 0.5   # p ∝ 1/s puts most mass on short gaps
+
+
+# ---------------------------------------------------------------------------------------------
+# recall
+
+def _recall_pairs(batch, n):
+    keys = batch.inputs[:, 0:2 * n:2]
+    values = batch.inputs[:, 1:2 * n:2]
+    return keys, values
+
+
+def test_recall_layout_default_fill():
+    cfg = recall.Config()
+    batch = recall.make_batch(cfg, 16, seed=0)
+    _check_common(batch, "num_pairs")
+    n, t, v = cfg.num_pairs, cfg.seq_len, cfg.vocab_size
+    keys, values = _recall_pairs(batch, n)
+    assert ((keys >= 1) & (keys < v // 2)).all() and ((values >= v // 2) & (values < v)).all()
+    assert all(len(set(r)) == n for r in keys.tolist())
+    assert all(len(set(r)) == n for r in values.tolist())
+    lab = batch.label_mask
+    assert not lab[:, :2 * n].any() and lab[:, 2 * n:].all()      # fill: every later position asks
+    assert (batch.slice_value[lab] == n).all()
+    # every query's label is the value paired with its key, read from the context
+    q = batch.inputs[:, 2 * n:]                                    # (B, Q)
+    match = q.unsqueeze(-1) == keys.unsqueeze(1)                   # (B, Q, N)
+    assert (match.sum(-1) == 1).all()
+    idx = match.float().argmax(-1)
+    assert torch.equal(values.gather(1, idx), batch.targets[:, 2 * n:])
+    assert torch.equal(batch.target_pos[:, 2 * n:], 2 * idx + 1)
+    # values are never repeated after the pairs, so target_pos is the only place to read from
+    assert not (batch.inputs[:, 2 * n:] >= v // 2).any()
+    # balanced queries: every key asked 14 times (56 queries, 4 keys)
+    assert (match.sum(1) == (t - 2 * n) // n).all()
+
+
+def test_recall_power_law_queries():
+    cfg = recall.Config(seq_len=128, vocab_size=64, num_pairs=8, num_queries=8, power_a=0.01)
+    batch = recall.make_batch(cfg, 256, seed=1)
+    _check_common(batch, "num_pairs")
+    n = cfg.num_pairs
+    lab = batch.label_mask
+    assert (lab.sum(1) == 8).all()
+    # no label outside query positions: exactly the non-filler positions after the pairs
+    tail = batch.inputs[:, 2 * n:]
+    assert torch.equal(lab[:, 2 * n:], tail != PAD) and not lab[:, :2 * n].any()
+    keys, values = _recall_pairs(batch, n)
+    # Q == N: every key asked exactly once
+    asked = batch.inputs[lab].view(-1, 8).sort(1).values
+    assert torch.equal(asked, keys.sort(1).values)
+    idx = (batch.target_pos[lab].view(-1, 8) - 1) // 2
+    assert torch.equal(keys.gather(1, idx), batch.inputs[lab].view(-1, 8))
+    assert torch.equal(values.gather(1, idx), batch.targets[lab].view(-1, 8))
+    # power-law gaps: offsets after the pairs are short far more often than uniform
+    offsets = lab[:, 2 * n:].nonzero()[:, 1].float()
+    assert offsets.mean() < 0.6 * (128 - 2 * n - 1) / 2
+
+
+def test_recall_eval_settings_and_max_len():
+    cfg = recall.Config(test_seq_len=128, test_num_pairs=[4, 16, 32], vocab_size=256)
+    recall.validate(cfg)
+    settings = recall.eval_settings(cfg)
+    assert [(s.seq_len, s.num_pairs) for s in settings] == [(128, 4), (128, 16), (128, 32)]
+    assert all(s.test_num_pairs == [] and s.test_seq_len is None for s in settings)
+    assert recall.max_seq_len(cfg) == 128
+    batch = recall.make_batch(settings[2], 4, seed=0, split="test")
+    _check_common(batch, "num_pairs")
+    assert batch.inputs.shape == (4, 128) and (batch.slice_value[batch.label_mask] == 32).all()
+    default = recall.eval_settings(recall.Config())
+    assert [(s.seq_len, s.num_pairs) for s in default] == [(64, 4)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_pairs=30, num_queries=8), r"2\*num_pairs \+ num_queries = 68 exceeds seq_len=64"),
+    (dict(num_pairs=32), r"2\*num_pairs = 64 leaves no room for a query"),
+    (dict(vocab_size=16, num_pairs=8), r"num_pairs=8 distinct keys do not fit in the key half"),
+    (dict(num_pairs=0), r"num_pairs must be >= 1"),
+    (dict(seq_len=-1), r"seq_len must be >= 1"),
+    (dict(num_queries=0), r"num_queries must be >= 1"),
+    (dict(power_a=0.0), r"power_a must be > 0"),
+    (dict(test_num_pairs=[4, 40]), r"test num_pairs=40 distinct|2\*num_pairs = 80"),
+    (dict(test_seq_len=8), r"leaves no room for a query in test seq_len=8"),
+    (dict(num_pairs=2.5), r"num_pairs must be an integer"),
+])
+def test_recall_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        recall.validate(recall.Config(**kwargs))
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# induction
+
+def test_induction_layout():
+    cfg = induction.Config()
+    batch = induction.make_batch(cfg, 64, seed=0)
+    _check_common(batch, "distance")
+    v, k = cfg.vocab_size, cfg.num_triggers
+    lab = batch.label_mask
+    assert (lab.sum(1) == k).all()
+    rows, q = lab.nonzero(as_tuple=True)
+    d = batch.slice_value[rows, q]
+    assert ((d >= cfg.min_distance) & (d <= cfg.max_distance)).all()
+    first = q - d
+    a = batch.inputs[rows, q]
+    # the token at the query is A, seen before at q - distance and followed there by B
+    assert torch.equal(batch.inputs[rows, first], a)
+    assert torch.equal(batch.target_pos[rows, q], first + 1)
+    assert torch.equal(batch.inputs[rows, first + 1], batch.targets[rows, q])
+    # A comes from the trigger range and occurs exactly twice in its row: unambiguous
+    assert ((a >= 1) & (a < v // 2)).all()
+    assert ((batch.inputs[rows] == a.unsqueeze(1)).sum(1) == 2).all()
+    # nothing else uses the trigger range, so no label sits outside an induction position
+    trig = (batch.inputs >= 1) & (batch.inputs < v // 2)
+    assert (trig.sum(1) == 2 * k).all()
+    assert not (batch.inputs == PAD).any()
+    # every distance of the range shows up across a large batch (uniform distances)
+    many = induction.make_batch(cfg, 512, seed=1)
+    seen = set(many.slice_value[many.label_mask].tolist())
+    assert seen == set(range(cfg.min_distance, cfg.max_distance + 1))
+
+
+def test_induction_densest_valid_layout():
+    # seq_len - max_distance = 8*(K-1) + 1: the tightest layout validation allows
+    cfg = induction.Config(seq_len=40, vocab_size=32, num_triggers=4, min_distance=15, max_distance=15)
+    batch = induction.make_batch(cfg, 256, seed=5)
+    _check_common(batch, "distance")
+    assert (batch.label_mask.sum(1) == 4).all()
+    assert (batch.slice_value[batch.label_mask] == 15).all()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_triggers=5, max_distance=40), r"need seq_len - max_distance > 32, got 24"),
+    (dict(min_distance=1), r"min_distance must be >= 2"),
+    (dict(min_distance=20, max_distance=10), r"min_distance=20 exceeds max_distance=10"),
+    (dict(max_distance=64, num_triggers=1), r"max_distance=64 must be < seq_len=64"),
+    (dict(vocab_size=8, num_triggers=4), r"num_triggers=4 distinct triggers do not fit"),
+    (dict(num_triggers=0), r"num_triggers must be >= 1"),
+])
+def test_induction_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        induction.validate(induction.Config(**kwargs))
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# interference
+
+def _interference_checks(cfg, batch):
+    """Labels, keys and target positions against the documented layout."""
+    _check_common(batch, "num_pairs")
+    n, length, v = cfg.num_pairs, cfg.key_len, cfg.vocab_size
+    q = interference.num_queries(cfg)
+    start = n * (length + 1)
+    pairs = batch.inputs[:, :start].view(-1, n, length + 1)
+    keys, values = pairs[..., :length], pairs[..., length]           # (B, N, L), (B, N)
+    assert ((keys >= 1) & (keys < v // 2)).all() and ((values >= v // 2) & (values < v)).all()
+    assert all(len(set(r)) == n for r in values.tolist())
+    assert all(len(set(map(tuple, r))) == n for r in keys.tolist()), "keys distinct as tuples"
+    # labels exactly at the last token of each query
+    lab = batch.label_mask
+    expect = torch.zeros_like(lab)
+    expect[:, start + torch.arange(q) * length + length - 1] = True
+    assert torch.equal(lab, expect)
+    assert (batch.slice_value[lab] == n).all()
+    # each query's tokens are the key stored just before target_pos, and its label that value
+    asked = batch.inputs[:, start:start + q * length].view(-1, q, length)
+    match = (asked.unsqueeze(2) == keys.unsqueeze(1)).all(-1)         # (B, Q, N)
+    assert (match.sum(-1) == 1).all()
+    idx = match.float().argmax(-1)
+    assert torch.equal(batch.targets[lab].view(-1, q), values.gather(1, idx))
+    assert torch.equal(batch.target_pos[lab].view(-1, q), idx * (length + 1) + length)
+    return keys
+
+
+def test_interference_layout_default():
+    cfg = interference.Config()
+    batch = interference.make_batch(cfg, 16, seed=0)
+    keys = _interference_checks(cfg, batch)
+    assert batch.inputs.shape[1] == 16 * 2 + 16 == interference.max_seq_len(cfg)
+    # default: every key asked once
+    lab = batch.label_mask
+    assert torch.equal(batch.inputs[lab].view(-1, 16).sort(1).values, keys[..., 0].sort(1).values)
+
+
+@pytest.mark.parametrize("overlap, pool", [(0.0, 32), (0.5, 16), (0.75, 8), (0.95, 6)])
+def test_interference_key_overlap(overlap, pool):
+    cfg = interference.Config(num_pairs=32, key_len=2, key_overlap=overlap, vocab_size=512)
+    assert interference.pool_size(cfg) == pool
+    batch = interference.make_batch(cfg, 32, seed=2)
+    keys = _interference_checks(cfg, batch)
+    for j in range(2):
+        distinct = torch.tensor([len(set(r)) for r in keys[..., j].tolist()])
+        assert (distinct == pool).all(), "each position uses exactly its pool of P tokens"
+    # first tokens are spread evenly: each is shared by floor(N/P) or ceil(N/P) keys
+    first = keys[..., 0]
+    share = (first.unsqueeze(2) == first.unsqueeze(1)).sum(-1)
+    assert ((share == 32 // pool) | (share == -(-32 // pool))).all()
+    # pools of different positions are disjoint
+    assert not (keys[..., 0].unsqueeze(2) == keys[..., 1].unsqueeze(1)).any()
+    if overlap == 0.0:
+        assert (share == 1).all(), "no overlap: every key token identifies its key"
+
+
+def test_interference_queries_seq_len_and_sweep():
+    cfg = interference.Config(num_pairs=8, num_queries=20, key_len=3, key_overlap=0.5, seq_len=120)
+    interference.validate(cfg)
+    batch = interference.make_batch(cfg, 8, seed=0)
+    _interference_checks(cfg, batch)
+    used = 8 * 4 + 20 * 3
+    assert batch.inputs.shape[1] == 120 and (batch.inputs[:, used:] == PAD).all()
+    # 20 queries of 8 keys: each key asked 2 or 3 times
+    targets = batch.target_pos[batch.label_mask].view(-1, 20)
+    counts = torch.stack([(targets == i * 4 + 3).sum(1) for i in range(8)], 1)
+    assert ((counts == 2) | (counts == 3)).all()
+    # a fixed seq_len must hold every swept N
+    with pytest.raises(ValueError, match="test num_pairs=32 pairs and 20 queries need 188 positions"):
+        interference.validate(dataclasses.replace(cfg, test_num_pairs=[8, 32]))
+    # the sweep: one setting per N, sequence length derived per setting
+    sweep = dataclasses.replace(cfg, seq_len=None, num_queries=None, test_num_pairs=[8, 16, 32])
+    interference.validate(sweep)
+    settings = interference.eval_settings(sweep)
+    assert [s.num_pairs for s in settings] == [8, 16, 32]
+    assert [interference.seq_len(s) for s in settings] == [56, 112, 224]
+    assert interference.max_seq_len(sweep) == 224
+    big = interference.make_batch(settings[2], 4, seed=0, split="test")
+    _interference_checks(settings[2], big)
+    assert big.inputs.shape == (4, 224)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(key_overlap=0.5), r"key_overlap=0.5 needs key_len >= 2"),
+    (dict(key_overlap=1.0, key_len=2), r"key_overlap must be in \[0, 1\)"),
+    (dict(key_overlap=-0.1, key_len=2), r"key_overlap must be in \[0, 1\)"),
+    (dict(num_pairs=200, vocab_size=256), r"needs key_len\*P = 1\*200 = 200 distinct key tokens"),
+    (dict(num_pairs=64, key_len=3, vocab_size=256), r"needs key_len\*P = 3\*64 = 192"),
+    (dict(seq_len=40), r"need 48 positions, seq_len=40"),
+    (dict(test_num_pairs=[16, 300]), r"test num_pairs=300 needs key_len\*P"),
+    (dict(num_queries=0), r"num_queries must be >= 1"),
+    (dict(key_len=0), r"key_len must be >= 1"),
+])
+def test_interference_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        interference.validate(interference.Config(**kwargs))
+    assert "\n" not in str(err.value)
