@@ -23,6 +23,7 @@ from harness.layers.common import Mixer, merge_heads, register, split_heads
 
 FEATURES = {"linear": "identity", "elu": "elu1", "favor": "favor", "taylor": "taylor"}
 EXP_KERNELS = ("favor", "taylor")  # feature maps that estimate exp(q.k): scale inputs by d^-1/4
+FAVOR_SEED_STRIDE = 1_000_000  # layer l draws seeds l * stride, l * stride + 1, ... (one per redraw)
 
 
 @register(*FEATURES)
@@ -31,34 +32,43 @@ class KernelAttention(Mixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        self.kind = cfg.name
         self.form, self.chunk_size, self.eps = cfg.form, cfg.chunk_size, cfg.eps
         self.redraw_each_step = cfg.name == "favor" and cfg.favor_redraw == "step"
         self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.input_scale = self.d_head**-0.25 if cfg.name in EXP_KERNELS else 1.0
         m = cfg.favor_features if cfg.name == "favor" else None
-        # Features differ between layers (seed = layer index) and are shared by the heads of one
-        # layer, as in the Performer.
-        self.phi = features.feature_map(FEATURES[cfg.name], self.d_head, m=m, seed=layer_idx)
+        # FAVOR+ features differ between layers and are shared by the heads of one layer, as in
+        # the Performer. They are a pure function of their seed, so the seed (which advances on
+        # every redraw) is what the state_dict keeps.
+        seed = FAVOR_SEED_STRIDE * layer_idx
+        self.phi = features.feature_map(FEATURES[cfg.name], self.d_head, m=m, seed=seed)
         self.d_key = features.feature_dim(FEATURES[cfg.name], self.d_head, m=m)
         if cfg.name == "favor":
-            self.favor = self.phi  # a module attribute so that its projection follows .to() / state_dict
+            self.register_buffer("favor_seed", torch.tensor(seed, dtype=torch.long))
+            self.register_load_state_dict_post_hook(lambda module, keys: module.sync_favor_seed())
 
-    def feature(self, x: torch.Tensor, *, is_query: bool) -> torch.Tensor:  # (B, H, T, D) -> (B, H, T, m)
-        if self.kind == "favor":
-            return self.phi(x, is_query=is_query)
-        return self.phi(x)
+    def sync_favor_seed(self) -> None:
+        """Redraw the FAVOR+ projections for the seed in `favor_seed` (after loading a checkpoint)."""
+        seed = int(self.favor_seed)
+        if self.phi.seed != seed:
+            self.phi.seed = seed - 1
+            self.phi.redraw()
+
+    def redraw_features(self) -> None:
+        """New FAVOR+ projections (the next seed)."""
+        self.phi.redraw()
+        self.favor_seed.fill_(self.phi.seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         if self.redraw_each_step and self.training:
-            self.phi.redraw()  # one forward pass in training mode is one step
+            self.redraw_features()  # one forward pass in training mode is one step
         q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, D)
         if self.rotary is not None:  # before the feature map: keeps phi >= 0 and one denominator
             q, k = self.rotary(q), self.rotary(k)
         q, k = self.hook_q_raw(q * self.input_scale), self.hook_k_raw(k * self.input_scale)
-        q = self.hook_q(self.feature(q, is_query=True))  # (B, H, T, m)
-        k = self.hook_k(self.feature(k, is_query=False))
+        q = self.hook_q(self.phi(q, is_query=True))  # (B, H, T, m)
+        k = self.hook_k(self.phi(k, is_query=False))
         v = self.hook_v(v)
         o = ops.linear_attention(
             q, k, v, form=self.form, causal=True, normalize=True, eps=self.eps, chunk_size=self.chunk_size

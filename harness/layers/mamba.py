@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness import ops
+from harness.hooks import HookPoint
 from harness.layers.common import HeadNorm, Mixer, inverse_softplus, merge_heads, register, split_heads
 
 DT_MIN, DT_MAX = 1e-3, 1e-1
@@ -45,6 +46,7 @@ class GatedDecay(Mixer):
             self.dt_proj = nn.Linear(C, H, bias=False)
             self.dt_bias = nn.Parameter(torch.empty(H))
             self.A_log = nn.Parameter(torch.empty(H))
+            self.hook_dt = HookPoint()  # (B, H, T): the write scale of each step, for N_eff
         else:  # "per_dim"
             self.decay_proj = nn.Linear(C, C, bias=False)
             self.decay_bias = nn.Parameter(torch.empty(C))
@@ -63,12 +65,14 @@ class GatedDecay(Mixer):
             self.decay_bias.uniform_(1.0, 5.0)
 
     def log_decay(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(log_decay, dt): (B, H, T) and (B, H, T, 1) for scalar; (B, H, T, D) and None for per_dim."""
+        """(log_decay, dt): both (B, H, T) for scalar; (B, H, T, D) and None for per_dim."""
+        # Decays are summed over many steps: keep them in at least float32 under bf16 autocast.
+        dtype = torch.promote_types(x.dtype, torch.float32)
         if self.gate == "scalar":
-            dt = F.softplus(self.dt_proj(x) + self.dt_bias).transpose(1, 2)  # (B, H, T)
-            A = -torch.exp(self.A_log)  # (H,)
-            return dt * A[None, :, None], dt.unsqueeze(-1)
-        g = F.logsigmoid(self.decay_proj(x) + self.decay_bias) / GLA_GATE_TEMPERATURE  # (B, T, C)
+            dt = F.softplus(self.dt_proj(x).to(dtype) + self.dt_bias.to(dtype)).transpose(1, 2)  # (B, H, T)
+            A = -torch.exp(self.A_log.to(dtype))  # (H,)
+            return dt * A[None, :, None], dt
+        g = F.logsigmoid(self.decay_proj(x).to(dtype) + self.decay_bias.to(dtype)) / GLA_GATE_TEMPERATURE  # (B, T, C)
         return split_heads(g, self.n_heads), None  # (B, H, T, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
@@ -78,7 +82,7 @@ class GatedDecay(Mixer):
         q, k = self.hook_q_raw(q), self.hook_k_raw(k)  # no feature map: raw == fed
         log_decay, dt = self.log_decay(x)
         if dt is not None:
-            v = v * dt  # SSD: the input is discretised with the same step as the decay
+            v = v * self.hook_dt(dt).unsqueeze(-1)  # SSD: the input is discretised with the same step as the decay
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         log_decay = self.hook_log_decay(log_decay)
         o = ops.decay_attention(q, k, v, log_decay, form=self.form, chunk_size=self.chunk_size)  # (B, H, T, D)

@@ -46,7 +46,8 @@ class Retention(Mixer):
             q, k = self.rotary(q), self.rotary(k)
         q, k = self.hook_q_raw(q * self.q_scale), self.hook_k_raw(k)  # no feature map: raw == fed
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        log_decay = self.log_gamma.to(x.dtype)[None, :, None].expand(B, self.n_heads, T)  # (B, H, T)
+        dtype = torch.promote_types(x.dtype, torch.float32)  # summed over many steps: never bf16
+        log_decay = self.log_gamma.to(dtype)[None, :, None].expand(B, self.n_heads, T)  # (B, H, T)
         log_decay = self.hook_log_decay(log_decay)
         o = ops.decay_attention(q, k, v, log_decay, form=self.form, chunk_size=self.chunk_size)  # (B, H, T, D)
         o = self.norm(self.hook_out(o))

@@ -1,0 +1,182 @@
+"""The language model: token embedding, pre-norm blocks (mixer + MLP), final norm, tied head.
+
+Read top to bottom: the config and its validation, the block, the model. The mixers (one
+module per family under harness/layers/) own their projections, feature maps, gates and
+norms and call harness.ops; this file only wires them together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+from torch import nn
+
+from harness import ops
+from harness.hooks import HookPoint
+from harness.layers import MLP, Mixer, ShortConv, build_mixer, make_norm
+from harness.layers.common import NORMS
+
+MODEL_NAMES = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
+FORMS = ("chunk", "parallel", "recurrent")
+GATES = ("scalar", "per_dim")
+FAVOR_REDRAW = ("never", "step")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "elu"  # softmax | linear | elu | favor | taylor | retnet | mamba
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 1
+    mlp_ratio: int = 4
+    short_conv: bool = False  # causal depthwise convolution on the mixer's input
+    conv_size: int = 4
+    rotary: Optional[bool] = None  # None: the model's default (on for softmax only)
+    form: str = "chunk"  # training form of the linear families: chunk | parallel | recurrent
+    chunk_size: int = 64
+    eps: float = 1e-6  # denominator floor of normalised kernel attention
+    favor_features: Optional[int] = None  # None: the feature map's default m (about d ln d)
+    favor_redraw: str = "never"  # never | step (redraw the random features every training step)
+    gate: str = "scalar"  # mamba: scalar (Mamba-2, per head) | per_dim (GLA, per key dimension)
+    dropout: float = 0.0
+    norm: str = "layernorm"  # block norms: layernorm | rmsnorm
+
+
+def validate(cfg: ModelConfig) -> None:
+    """Raise ValueError with one clear line if cfg cannot build a model."""
+
+    def bad(msg: str) -> None:
+        raise ValueError(f"model config: {msg}")
+
+    if cfg.name not in MODEL_NAMES:
+        bad(f"unknown model name {cfg.name!r}; valid: {', '.join(MODEL_NAMES)}")
+    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size"):
+        value = getattr(cfg, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            bad(f"{field} must be a positive integer, got {value!r}")
+    if cfg.d_model % cfg.n_heads:
+        bad(f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads})")
+    if cfg.form not in FORMS:
+        bad(f"unknown form {cfg.form!r}; valid: {', '.join(FORMS)}")
+    if cfg.gate not in GATES:
+        bad(f"unknown gate {cfg.gate!r}; valid: {', '.join(GATES)}")
+    if cfg.favor_redraw not in FAVOR_REDRAW:
+        bad(f"unknown favor_redraw {cfg.favor_redraw!r}; valid: {', '.join(FAVOR_REDRAW)}")
+    if cfg.norm not in NORMS:
+        bad(f"unknown norm {cfg.norm!r}; valid: {', '.join(NORMS)}")
+    if not cfg.eps > 0:
+        bad(f"eps must be positive, got {cfg.eps!r}")
+    if cfg.favor_features is not None and cfg.favor_features <= 0:
+        bad(f"favor_features must be positive or None, got {cfg.favor_features!r}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        bad(f"dropout must be in [0, 1), got {cfg.dropout!r}")
+    rotary = cfg.name == "softmax" if cfg.rotary is None else cfg.rotary
+    if rotary and (cfg.d_model // cfg.n_heads) % 2:
+        bad(f"rotary needs an even head dimension, got d_model/n_heads = {cfg.d_model // cfg.n_heads}")
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.norm1 = make_norm(cfg.norm, cfg.d_model)
+        self.conv = ShortConv(cfg.d_model, cfg.conv_size) if cfg.short_conv else None
+        self.mixer = build_mixer(cfg, layer_idx)
+        self.norm2 = make_norm(cfg.norm, cfg.d_model)
+        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        h = self.norm1(x)
+        if self.conv is not None:
+            h = self.conv(h)
+        x = self.hook_resid_mid(x + self.dropout(self.mixer(h)))
+        return self.hook_resid_post(x + self.mlp(self.norm2(x)))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, max_seq_len: int) -> None:
+        super().__init__()
+        validate(cfg)
+        if vocab_size <= 0 or max_seq_len <= 0:
+            raise ValueError(f"vocab_size and max_seq_len must be positive, got {vocab_size}, {max_seq_len}")
+        self.cfg, self.vocab_size, self.max_seq_len = cfg, vocab_size, max_seq_len
+        self.embed = nn.Embedding(vocab_size, cfg.d_model)  # no absolute positions (rotary / recurrence)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
+        self.norm_f = make_norm(cfg.norm, cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith("out_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        for mixer in self.mixers():
+            if hasattr(mixer, "reset_decay_parameters"):
+                mixer.reset_decay_parameters()
+        for name, hook in self.named_modules():
+            if isinstance(hook, HookPoint):
+                hook.name = name
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
+        T = input_ids.shape[1]
+        if T > self.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.max_seq_len}")
+        x = self.dropout(self.embed(input_ids))  # (B, T, C)
+        for block in self.layers:
+            x = block(x)
+        return self.head(self.norm_f(x))  # (B, T, V)
+
+    # ---------------------------------------------------------------------------------------
+    # Introspection used by measurement, cost accounting and results.
+
+    def mixers(self) -> list[Mixer]:
+        return [block.mixer for block in self.layers]
+
+    @property
+    def d_key(self) -> int:
+        """Key dimension of one head's state: d_head, m for favor, 1 + d + d^2 for taylor."""
+        return self.layers[0].mixer.d_key
+
+    @property
+    def d_head(self) -> int:
+        return self.cfg.d_model // self.cfg.n_heads
+
+    def state_elements_per_head(self) -> int:
+        """Numbers one head keeps to decode the next token: the recurrent state (d_key x d_head,
+        plus the normaliser z for kernel attention); for softmax the KV cache at max_seq_len."""
+        mixer = self.layers[0].mixer
+        if mixer.family == "softmax":
+            return int(ops.kv_cache_elements(self.max_seq_len, self.d_head))
+        return int(ops.state_elements(mixer.family, self.d_key, self.d_head))
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (the tied head counted once); optionally without the embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if non_embedding else n
+
+    def set_form(self, form: str) -> "LanguageModel":
+        """Switch the computation form of every linear-family mixer (same parameters)."""
+        if form not in FORMS:
+            raise ValueError(f"unknown form {form!r}; valid: {', '.join(FORMS)}")
+        self.cfg = replace(self.cfg, form=form)
+        for mixer in self.mixers():
+            if hasattr(mixer, "form"):
+                mixer.form = form
+        return self
+

@@ -1,0 +1,234 @@
+"""The language model and its mixers: builds, gradients, causality, forms, hooks, config checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from harness import ops
+from harness.hooks import capture, hook_points
+from harness.layers import MIXERS
+from harness.model import MODEL_NAMES, LanguageModel, ModelConfig, validate
+
+VOCAB, MAX_T = 20, 32
+LINEAR_FAMILIES = ["linear", "elu", "favor", "taylor", "retnet", "mamba"]
+
+# Every mixer once, plus the options that change its computation.
+VARIANTS = [
+    *[dict(name=n) for n in MODEL_NAMES],
+    dict(name="mamba", gate="per_dim"),
+    dict(name="elu", short_conv=True, rotary=True),
+    dict(name="softmax", rotary=False, norm="rmsnorm"),
+    dict(name="favor", favor_features=12),
+]
+
+
+def variant_id(v: dict) -> str:
+    return "-".join(str(x) for x in v.values())
+
+
+def tiny(**kw) -> ModelConfig:
+    base = dict(d_model=16, n_layers=2, n_heads=2, chunk_size=8)
+    return ModelConfig(**{**base, **kw})
+
+
+def build(seed: int = 0, dtype=torch.float32, **kw) -> LanguageModel:
+    torch.manual_seed(seed)
+    return LanguageModel(tiny(**kw), VOCAB, MAX_T).to(dtype).eval()
+
+
+def tokens(B: int = 2, T: int = 21, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (B, T), generator=g)
+
+
+def test_every_model_name_has_a_mixer():
+    assert set(MODEL_NAMES) == set(MIXERS)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_forward_backward_finite(variant):
+    model = build(**variant).train()
+    x = tokens()
+    logits = model(x)
+    assert logits.shape == (2, 21, VOCAB)
+    assert torch.isfinite(logits).all()
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten())
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} gets no gradient"
+        assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
+    assert model.embed.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_causal(variant):
+    """Changing token t changes no logit before t."""
+    model = build(dtype=torch.float64, **variant)
+    x = tokens(T=24)
+    t = 13
+    y = x.clone()
+    y[:, t:] = (y[:, t:] + 7) % VOCAB
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.allclose(a[:, :t], b[:, :t], rtol=0, atol=1e-12)
+    assert not torch.allclose(a[:, t:], b[:, t:])
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [*[dict(name=n) for n in LINEAR_FAMILIES], dict(name="mamba", gate="per_dim"), dict(name="retnet", rotary=True)],
+    ids=variant_id,
+)
+def test_forms_agree(variant):
+    """chunk (T not a multiple of the chunk size), parallel and recurrent give the same logits."""
+    model = build(dtype=torch.float64, **variant)
+    x = tokens(T=21)
+    with torch.no_grad():
+        out = {form: model.set_form(form)(x) for form in ("chunk", "parallel", "recurrent")}
+    for form in ("parallel", "recurrent"):
+        err = (out[form] - out["chunk"]).abs().max().item()
+        assert err < 1e-8, f"{form} vs chunk: {err}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_hooks_do_not_change_outputs(variant):
+    model = build(**variant)
+    x = tokens()
+    with torch.no_grad():
+        before = model(x)
+        with capture(model) as cache:
+            during = model(x)
+        after = model(x)
+    assert torch.equal(before, during) and torch.equal(before, after)
+    names = {"hook_q_raw", "hook_k_raw", "hook_q", "hook_k", "hook_v", "hook_out"}
+    if variant["name"] in ("retnet", "mamba"):
+        names.add("hook_log_decay")
+    for layer in range(2):
+        for n in names:
+            assert f"layers.{layer}.mixer.{n}" in cache
+    B, H, T = 2, 2, 21
+    assert cache["layers.0.mixer.hook_q"].shape == (B, H, T, model.d_key)
+    assert cache["layers.0.mixer.hook_v"].shape == (B, H, T, 8)
+    assert cache["layers.1.hook_resid_post"].shape == (B, T, 16)
+    assert all(h._sink is None for h in hook_points(model).values())  # nothing recorded outside
+
+
+def test_capture_filters_and_nests_safely():
+    model = build(name="elu")
+    with capture(model, names="hook_q") as cache:
+        model(tokens())
+    assert set(cache) == {f"layers.{i}.mixer.hook_q{s}" for i in range(2) for s in ("", "_raw")}
+    with capture(model, names=["layers.0.mixer.hook_v"]):
+        with pytest.raises(RuntimeError, match="already being captured"):
+            with capture(model, names=["layers.0.mixer.hook_v"]):
+                pass
+
+
+def test_key_dimension_and_state_accounting():
+    d = 8  # d_head
+    assert build(name="elu").d_key == d
+    assert build(name="linear").d_key == d
+    assert build(name="taylor").d_key == 1 + d + d * d
+    assert build(name="favor", favor_features=12).d_key == 12
+    assert build(name="retnet").d_key == d
+    for name, family in [("elu", "linear"), ("taylor", "linear"), ("retnet", "decay"), ("mamba", "decay")]:
+        model = build(name=name)
+        assert model.state_elements_per_head() == ops.state_elements(family, model.d_key, d)
+    assert build(name="softmax").state_elements_per_head() == ops.kv_cache_elements(MAX_T, d)
+
+
+def test_parameters_and_init():
+    model = build(name="softmax")
+    assert model.head.weight is model.embed.weight
+    n = model.num_params()
+    assert n == sum(p.numel() for p in model.parameters())
+    assert model.num_params(non_embedding=True) == n - VOCAB * 16
+    big = LanguageModel(ModelConfig(name="elu", d_model=64, n_layers=4), 64, 64)
+    qkv = big.layers[0].mixer.qkv_proj.weight.std().item()
+    out = big.layers[0].mixer.out_proj.weight.std().item()
+    assert abs(qkv - 0.02) < 0.002
+    assert abs(out - 0.02 / math.sqrt(8)) < 0.001  # residual projections scaled by depth
+
+
+def test_decay_initialisation():
+    torch.manual_seed(0)
+    mamba = LanguageModel(ModelConfig(name="mamba", d_model=64, n_heads=16), VOCAB, MAX_T).layers[0].mixer
+    dt = torch.nn.functional.softplus(mamba.dt_bias)
+    assert ((dt >= 1e-3 * 0.999) & (dt <= 1e-1 * 1.001)).all()
+    A = torch.exp(mamba.A_log)
+    assert ((A >= 1) & (A <= 16)).all()
+    retnet = LanguageModel(ModelConfig(name="retnet", d_model=16, n_heads=4), VOCAB, MAX_T).layers[0].mixer
+    gammas = torch.exp(retnet.log_gamma)
+    assert torch.allclose(gammas, 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64)))
+
+
+def test_rotary_default_on_for_softmax_only():
+    assert build(name="softmax").layers[0].mixer.rotary is not None
+    for name in ("elu", "retnet", "mamba"):
+        assert build(name=name).layers[0].mixer.rotary is None
+    assert build(name="elu", rotary=True).layers[0].mixer.rotary is not None
+    assert build(name="softmax", rotary=False).layers[0].mixer.rotary is None
+
+
+def test_favor_redraw_each_training_step():
+    model = build(name="favor", favor_redraw="step")
+    x = tokens()
+    with torch.no_grad():
+        a, b = model(x), model(x)  # eval: features fixed
+        assert torch.equal(a, b)
+        model.train()
+        c, d = model(x), model(x)
+    assert not torch.equal(c, d)
+
+
+def test_favor_features_survive_a_checkpoint():
+    """The features are a function of their seed; the seed travels in the state_dict."""
+    model = build(name="favor", favor_redraw="step").train()
+    x = tokens()
+    with torch.no_grad():
+        model(x), model(x)  # two redraws
+        expected = model.eval()(x)
+        fresh = build(seed=5, name="favor", favor_redraw="step")
+        fresh.load_state_dict(model.state_dict())
+        assert torch.equal(fresh(x), expected)
+
+
+def test_sequence_longer_than_max_raises():
+    with pytest.raises(ValueError, match="max_seq_len"):
+        build(name="elu")(tokens(T=MAX_T + 1))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(name="gpt"), "unknown model name 'gpt'; valid: softmax, linear"),
+        (dict(d_model=30, n_heads=4), "divisible by n_heads"),
+        (dict(d_model=0), "d_model must be a positive integer"),
+        (dict(n_layers=-1), "n_layers must be a positive integer"),
+        (dict(chunk_size=0), "chunk_size must be a positive integer"),
+        (dict(form="blocked"), "unknown form 'blocked'"),
+        (dict(name="mamba", gate="vector"), "unknown gate 'vector'"),
+        (dict(favor_redraw="epoch"), "unknown favor_redraw"),
+        (dict(norm="batchnorm"), "unknown norm"),
+        (dict(eps=0.0), "eps must be positive"),
+        (dict(dropout=1.0), "dropout must be in"),
+        (dict(favor_features=0), "favor_features must be positive"),
+        (dict(name="softmax", d_model=6, n_heads=2), "rotary needs an even head dimension"),
+    ],
+)
+def test_validate_errors(change, message):
+    cfg = replace(ModelConfig(), **change)
+    with pytest.raises(ValueError, match=message) as err:
+        validate(cfg)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError):
+        LanguageModel(cfg, VOCAB, MAX_T)
+
+
+def test_default_config_is_valid():
+    validate(ModelConfig())
+    assert ModelConfig().name == "elu"
