@@ -1,0 +1,35 @@
+"""Split the time axis into fixed-size chunks, and join it back.
+
+The chunk forms work on (B, H, N, C, ...) blocks. T is zero-padded up to a multiple of C:
+a zero key and value add nothing to a state, and a zero log decay (a = 1) leaves it as it
+is, so padded positions never change the outputs or the final state; their own outputs are
+cut off again by :func:`from_chunks`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def num_chunks(t: int, c: int) -> int:
+    return -(-t // c)
+
+
+def to_chunks(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(B, H, T, *rest) -> (B, H, N, C, *rest), zero-padded along T to N * C."""
+    b, h, t = x.shape[:3]
+    rest = x.shape[3:]
+    n = num_chunks(t, c)
+    pad = n * c - t
+    if pad:
+        # F.pad pads from the last dim backwards: (0, 0) for each trailing dim, then T.
+        x = F.pad(x, (0, 0) * len(rest) + (0, pad))
+    return x.reshape(b, h, n, c, *rest)
+
+
+def from_chunks(x: torch.Tensor, t: int) -> torch.Tensor:
+    """(B, H, N, C, *rest) -> (B, H, T, *rest), dropping the padding."""
+    b, h, n, c = x.shape[:4]
+    x = x.reshape(b, h, n * c, *x.shape[4:])
+    return x if n * c == t else x[:, :, :t]  # no slice (and no copy in backward) without padding

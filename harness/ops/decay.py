@@ -1,0 +1,230 @@
+"""Decayed / gated linear attention: S_t = a_t * S_{t-1} + k_t v_t^T, o_t = q_t S_t.
+
+a_t = exp(log_decay_t). log_decay is (B, H, T): one decay per head and step (RetNet when
+constant, Mamba-2/SSD when data-dependent), or (B, H, T, Dk): one gate per key dimension
+(GLA), which scales the rows of S. No denominator and no scaling inside: callers scale q.
+
+Every form writes the decay between two positions as exp of the sum of the log decays over
+the segment between them (or as the product of that segment's a_s), never as a ratio of
+cumulative products, so nothing overflows when the decay is strong: every exponent is <= 0
+and every factor <= 1 for log_decay <= 0 (the intended range; it must be finite).
+
+The chunk form splits each chunk's decay at the chunk start (queries read the state
+entering the chunk) and at the chunk end (keys enter the state leaving it). Inside a chunk a scalar decay is a (C, C) mask on q k^T. A per-dimension gate has no such
+mask: it is applied exactly, dimension by dimension, on a (C, C, Dk) tensor. That costs
+O(C Dk) per token, so this form caps its chunks at GATED_CHUNK positions whatever
+chunk_size asks for (the states between chunks then cost O(Dk Dv / C) per token).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .chunking import from_chunks, to_chunks
+from .guards import check_chunk_size, check_form, check_qkv, check_qkv_step
+from .prefix import chunk_scan, cumsum
+from .scan import scan
+from .segments import segsum, suffix_sum
+
+GATED_CHUNK = 16  # longest chunk of the per-dimension (GLA) chunk form
+GATED_GROUP_ELEMENTS = 1 << 22  # elements of its (C, C, Dk) decay tensor built at once
+
+
+def _check_log_decay(q, log_decay, where):
+    b, h, t, dk = q.shape
+    if log_decay.shape not in ((b, h, t), (b, h, t, dk)):
+        raise ValueError(
+            f"{where}: log_decay must be (B, H, T) = {(b, h, t)} (one decay per head) or "
+            f"(B, H, T, Dk) = {(b, h, t, dk)} (one gate per key dimension), got {tuple(log_decay.shape)}"
+        )
+
+
+def _check_state(q, v, state):
+    b, h, _, dk = q.shape
+    if state is not None and state.shape != (b, h, dk, v.shape[-1]):
+        raise ValueError(f"initial state must be (B, H, Dk, Dv) = {(b, h, dk, v.shape[-1])}, got {tuple(state.shape)}")
+
+
+def _gate(log_decay: torch.Tensor) -> torch.Tensor:
+    """(B, H, T) or (B, H, T, Dk) -> (B, H, T, G), G = 1 or Dk: the factor on the rows of S."""
+    return log_decay.unsqueeze(-1) if log_decay.dim() == 3 else log_decay
+
+
+# ---- effective weights and the parallel form ------------------------------------------------
+
+def decay_weights(q, k, log_decay):
+    """Effective weights a_ij = q_i . (prod_{j<s<=i} a_s) k_j for j <= i, 0 above (B, H, T, T).
+
+    o = a v + (contribution of an initial state). A per-dimension gate costs O(T^2 Dk)
+    time and memory (the decay differs per key dimension), so keep T modest there.
+    """
+    _check_log_decay(q, log_decay, "decay_weights")
+    if log_decay.dim() == 3:
+        return torch.matmul(q, k.transpose(-1, -2)) * torch.exp(segsum(log_decay))
+    decay = torch.exp(segsum(log_decay.transpose(-1, -2)))  # (B, H, Dk, T, T)
+    qk = q.transpose(-1, -2).unsqueeze(-1) * k.transpose(-1, -2).unsqueeze(-2)  # (B, H, Dk, T, T): q_id k_jd
+    return (qk * decay).sum(dim=2)
+
+
+def _parallel(q, k, v, log_decay, s0):
+    x = _gate(log_decay)  # (B, H, T, G)
+    o = torch.matmul(decay_weights(q, k, log_decay), v)
+    k_end = k * torch.exp(suffix_sum(x, dim=2))  # each key decayed to the last position
+    s = torch.matmul(k_end.transpose(-1, -2), v)  # (B, H, Dk, Dv)
+    if s0 is not None:
+        into = torch.cumsum(x, dim=2)  # log decay from before the first token to i
+        o = o + torch.matmul(q * torch.exp(into), s0)
+        s = s + torch.exp(into[:, :, -1]).unsqueeze(-1) * s0
+    return o, s
+
+
+# ---- the recurrent form and the step ------------------------------------------------------
+
+def _step_core(state, x):
+    (s,), (q, k, v, g) = state, x  # s (B, H, Dk, Dv); q, k (B, H, Dk); v (B, H, Dv); g (B, H, G)
+    s = torch.exp(g).unsqueeze(-1) * s + k.unsqueeze(-1) * v.unsqueeze(-2)
+    return (s,), (torch.matmul(q.unsqueeze(-2), s).squeeze(-2),)
+
+
+def _recurrent(q, k, v, log_decay, s0):
+    b, h, _, dk = q.shape
+    s = s0 if s0 is not None else q.new_zeros(b, h, dk, v.shape[-1])
+    (s,), (o,) = scan(_step_core, (s,), (q, k, v, _gate(log_decay)))
+    return o, s
+
+
+def decay_attention_step(q, k, v, log_decay, state=None):
+    """Decode one token in O(1): q, k (B, H, Dk), v (B, H, Dv), log_decay (B, H) or (B, H, Dk).
+
+    state: S (B, H, Dk, Dv) or None (empty). Returns (o (B, H, Dv), S).
+    """
+    check_qkv_step(q, k, v, "decay_attention_step")
+    b, h, dk = q.shape
+    if log_decay.shape not in ((b, h), (b, h, dk)):
+        raise ValueError(f"decay_attention_step: log_decay must be (B, H) or (B, H, Dk), got {tuple(log_decay.shape)}")
+    if state is None:
+        state = q.new_zeros(b, h, dk, v.shape[-1])
+    g = log_decay.unsqueeze(-1) if log_decay.dim() == 2 else log_decay
+    (s,), (o,) = _step_core((state,), (q, k, v, g))
+    return o, s
+
+
+# ---- the chunk form -------------------------------------------------------------------------
+
+def _intra_scalar(qc, kc, b):
+    """Weights inside each chunk, one decay per head: (q_i.k_j) exp(b_i - b_j), j <= i (B, H, N, C, C)."""
+    c = qc.shape[3]
+    future = torch.ones(c, c, dtype=torch.bool, device=qc.device).triu(1)
+    decay = torch.exp((b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill_(future, float("-inf")))
+    return torch.matmul(qc, kc.transpose(-1, -2)) * decay
+
+
+class _DecayBlocks:
+    """E (B, H, n, C, C, Dk), E_ijd = prod_{j<s<=i} a_sd for j <= i and 0 above, for n chunks at a time.
+
+    Rows are grown one at a time (E_i = E_{i-1} * a_i, E_ii = 1) from the per-step gates
+    a_s = exp(g_s - g_{s-1}): one multiply per entry and no exp of the (C, C, Dk) tensor.
+    One buffer serves every group of chunks: its zeros above the diagonal and ones on it
+    are written once, and each group rewrites only the entries below.
+    """
+
+    def __init__(self, g: torch.Tensor, n: int):
+        b, h, _, c, dk = g.shape
+        self.buf = g.new_zeros(b, h, n, c, c, dk)
+        torch.diagonal(self.buf, dim1=-3, dim2=-2).fill_(1.0)
+
+    def __call__(self, g: torch.Tensor) -> torch.Tensor:
+        e = self.buf[:, :, : g.shape[2]]
+        a = torch.exp(g[..., 1:, :] - g[..., :-1, :])  # (B, H, n, C - 1, Dk)
+        for i in range(1, g.shape[-2]):
+            torch.mul(e[..., i - 1, :i, :], a[..., i - 1, None, :], out=e[..., i, :i, :])
+        return e
+
+
+class _GatedWeights(torch.autograd.Function):
+    """w_ij = sum_d q_id k_jd E_ijd, E_ijd = exp(g_id - g_jd) for j <= i: in-chunk weights, a gate per key dimension.
+
+    q, k, g: (B, H, N, C, Dk) -> w (B, H, N, C, C). The (C, C, Dk) decay tensor is
+    the exact way to give every dimension its own decay; it is built for a group of chunks
+    at a time (dim 2) and rebuilt in the backward pass instead of being kept, so the extra
+    memory is bounded by GATED_GROUP_ELEMENTS whatever T is.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, g):
+        w = q.new_empty(q.shape[:-1] + (q.shape[-2],))
+        groups = _groups(q)
+        blocks = _DecayBlocks(g, groups[0].stop)
+        work = torch.empty_like(blocks.buf)
+        for sl in groups:
+            e = blocks(g[:, :, sl])
+            ek = torch.mul(e, k[:, :, sl].unsqueeze(-3), out=work[:, :, : e.shape[2]])  # E_ijd k_jd
+            w[:, :, sl] = torch.matmul(ek, q[:, :, sl].unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(q, k, g)
+        return w
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gw):
+        q, k, g = ctx.saved_tensors
+        gq, gk = torch.empty_like(q), torch.empty_like(k)
+        groups = _groups(q)
+        blocks = _DecayBlocks(g, groups[0].stop)
+        work = torch.empty_like(blocks.buf)
+        for sl in groups:
+            e = blocks(g[:, :, sl])
+            p = torch.mul(e, gw[:, :, sl].unsqueeze(-1), out=work[:, :, : e.shape[2]])  # P_ijd = gw_ij E_ijd
+            gq[:, :, sl] = (p * k[:, :, sl].unsqueeze(-3)).sum(dim=-2)  # sum_j P_ijd k_jd
+            gk[:, :, sl] = p.mul_(q[:, :, sl].unsqueeze(-2)).sum(dim=-3)  # sum_i P_ijd q_id
+        # d w_ij / d g_md = q_id k_jd E_ijd (1[m=i] - 1[m=j]), summed: q * gq - k * gk.
+        return gq, gk, q * gq - k * gk
+
+
+def _groups(q: torch.Tensor):
+    """Slices of dim 2 (chunks) whose (C, C, Dk) decay tensors hold about GATED_GROUP_ELEMENTS."""
+    n = q.shape[2]
+    per_chunk = max(1, q[:, :, :1].numel() * q.shape[-2])
+    size = max(1, GATED_GROUP_ELEMENTS // per_chunk)
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _chunk(q, k, v, log_decay, s0, chunk_size):
+    bsz, h, t, _ = q.shape
+    per_dim = log_decay.dim() == 4
+    # Per-dimension gates cap the chunk at GATED_CHUNK (see the module docstring).
+    c = min(chunk_size, t, GATED_CHUNK) if per_dim else min(chunk_size, t)
+    qc, kc, vc, xc = (to_chunks(x, c) for x in (q, k, v, _gate(log_decay)))  # (B, H, N, C, D); xc (.., G)
+    n = qc.shape[2]
+    # Queries decay from the chunk start (b_i = sum_{s<=i} x_s), keys to the chunk end
+    # (b_C - b_j): both exponents are <= 0.
+    b = cumsum(xc, dim=3)  # (B, H, N, C, G)
+    updates = torch.matmul((kc * torch.exp(b[:, :, :, -1:] - b)).transpose(-1, -2), vc)  # (B, H, N, Dk, Dv)
+    starts, final = chunk_scan(updates, torch.exp(b[:, :, :, -1]).unsqueeze(-1), s0)
+    o_inter = torch.matmul(qc * torch.exp(b), starts)  # (B, H, N, C, Dv)
+    w = _GatedWeights.apply(qc, kc, b) if per_dim else _intra_scalar(qc, kc, b.squeeze(-1))
+    o = torch.baddbmm(o_inter.flatten(0, 2), w.flatten(0, 2), vc.flatten(0, 2))
+    return from_chunks(o.view(bsz, h, n, c, -1), t), final
+
+
+def decay_attention(q, k, v, log_decay, *, form="chunk", chunk_size=64, initial_state=None, return_state=False):
+    """Decayed linear attention over q, k (B, H, T, Dk), v (B, H, T, Dv).
+
+    log_decay: (B, H, T) or (B, H, T, Dk), finite and normally <= 0 (a_t in (0, 1]).
+    form: "parallel" (masked quadratic; O(T^2 Dk) for per-dimension gates), "recurrent" (a
+    loop over time carrying S) or "chunk" (exact inside chunks of ``chunk_size``, S across
+    chunks; any T; per-dimension gates use chunks of at most GATED_CHUNK). initial_state:
+    S (B, H, Dk, Dv). Returns o (B, H, T, Dv), or (o, S) with the final state.
+    """
+    check_qkv(q, k, v, "decay_attention")
+    check_form(form)
+    check_chunk_size(chunk_size)
+    _check_log_decay(q, log_decay, "decay_attention")
+    _check_state(q, v, initial_state)
+    if form == "parallel":
+        o, s = _parallel(q, k, v, log_decay, initial_state)
+    elif form == "recurrent":
+        o, s = _recurrent(q, k, v, log_decay, initial_state)
+    else:
+        o, s = _chunk(q, k, v, log_decay, initial_state, chunk_size)
+    return (o, s) if return_state else o

@@ -1,0 +1,140 @@
+"""Feature maps: identities they must satisfy, FAVOR+ unbiasedness and variance, seeding."""
+
+import math
+
+import pytest
+import torch
+
+from harness import features, ops
+
+F64 = torch.float64
+
+
+def test_identity_and_elu1():
+    x = torch.tensor([-2.0, -0.5, 0.0, 1.5], dtype=F64)
+    assert torch.equal(features.identity(x), x)
+    torch.testing.assert_close(features.elu1(x), torch.tensor([math.exp(-2.0), math.exp(-0.5), 1.0, 2.5], dtype=F64))
+    wide = torch.randn(1000, generator=torch.Generator().manual_seed(0), dtype=F64) * 10
+    assert (features.elu1(wide) >= 0).all()  # exp(x) - 1 + 1 rounds to 0 far below zero
+    assert (features.elu1(wide.clamp(min=-30)) > 0).all()
+
+
+def test_taylor_reproduces_the_second_order_expansion():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(5, 7, generator=g, dtype=F64), torch.randn(5, 7, generator=g, dtype=F64)
+    pq, pk = features.taylor2(q), features.taylor2(k)
+    assert pq.shape == (5, 1 + 7 + 49) == (5, features.feature_dim("taylor", 7))
+    s = (q * k).sum(-1)
+    torch.testing.assert_close((pq * pk).sum(-1), 1 + s + s**2 / 2, rtol=0, atol=1e-12)
+    assert ((pq * pk).sum(-1) >= 0.5 - 1e-12).all()  # 1 + s + s^2/2 >= 1/2: a valid denominator
+
+
+def test_favor_shapes_defaults_and_positivity():
+    f = features.Favor(64)
+    assert f.m == round(64 * math.log(64)) == 266 == features.feature_dim("favor", 64)
+    assert f.weights.shape == (266, 64)
+    x = torch.randn(2, 3, 10, 64, generator=torch.Generator().manual_seed(0)) * 0.3
+    out = f(x)
+    assert out.shape == (2, 3, 10, 266) and out.dtype == torch.float32 and (out > 0).all()
+    assert features.Favor(8, 20).m == 20 and features.feature_dim("favor", 8, 20) == 20
+    with pytest.raises(ValueError):
+        f(torch.zeros(3, 63))
+
+
+def test_favor_is_seeded_and_redraws_from_the_next_seed():
+    a, b = features.Favor(16, 40, seed=3), features.Favor(16, 40, seed=3)
+    assert torch.equal(a.weights, b.weights)
+    old = a.weights.clone()
+    a.redraw()
+    assert a.seed == 4 and not torch.equal(a.weights, old)
+    assert torch.equal(a.weights, features.Favor(16, 40, seed=4).weights)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(a(x), features.Favor(16, 40, seed=4)(x))  # the cast cache follows the redraw
+
+
+def test_orthogonal_blocks_with_chi_norms():
+    d, blocks = 16, 400
+    w = features.Favor(d, d * blocks, seed=1).weights
+    for i in range(3):
+        blk = w[i * d:(i + 1) * d]
+        unit = blk / blk.norm(dim=1, keepdim=True)
+        torch.testing.assert_close(unit @ unit.T, torch.eye(d, dtype=F64), rtol=0, atol=1e-10)
+    sq = w.pow(2).sum(dim=1)  # chi^2(d): mean d, variance 2d
+    n = sq.numel()
+    assert abs(float(sq.mean()) - d) < 5 * math.sqrt(2 * d / n)
+    assert abs(float(sq.var()) - 2 * d) < 0.25 * 2 * d
+
+
+def kernel_draws(q, k, *, orthogonal, draws, m, seed=0):
+    """phi(q).phi(k) for `draws` independent FAVOR+ draws (no stabiliser: offset 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    w = features.draw_favor_weights(q.shape[-1], m, gen, orthogonal=orthogonal, draws=draws)  # (draws, m, d)
+    return (features.favor_features(q, w) * features.favor_features(k, w)).sum(-1)
+
+
+def test_batched_draws_apply_each_draw_on_its_own():
+    w = features.draw_favor_weights(6, 10, torch.Generator().manual_seed(4), draws=3)
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(1), dtype=F64)
+    batched = features.favor_features(x, w)
+    assert batched.shape == (3, 5, 10)
+    for i in range(3):
+        torch.testing.assert_close(batched[i], features.favor_features(x, w[i]), rtol=1e-12, atol=0)
+    f = features.Favor(6, 10, seed=4)
+    torch.testing.assert_close(f(x), features.favor_features(x, f.weights), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("orthogonal", (True, False))
+def test_favor_is_unbiased_for_exp_qk(orthogonal):
+    g = torch.Generator().manual_seed(5)
+    d, draws = 8, 3000
+    q, k = (torch.randn(d, generator=g, dtype=F64) * 0.35 for _ in range(2))
+    est = kernel_draws(q, k, orthogonal=orthogonal, draws=draws, m=d, seed=1)
+    target = math.exp(float(q @ k))
+    stderr = float(est.std()) / math.sqrt(draws)
+    # Stated tolerance: within 4 standard errors of the mean (and the error itself is small).
+    assert abs(float(est.mean()) - target) < 4 * stderr
+    assert stderr < 0.02 * target
+
+
+def test_orthogonal_draws_have_lower_variance_than_iid():
+    # One block of m = d rows. For these norms the orthogonal variance is about 0.8x the iid
+    # one (0.73-0.87 over 20 other seeds at this number of draws, so 0.95 leaves > 3 sd);
+    # heavier-tailed settings (larger |q + k|) make sample variances too noisy to compare.
+    g = torch.Generator().manual_seed(6)
+    d, draws = 16, 10_000
+    q, k = (torch.randn(d, generator=g, dtype=F64) * 0.15 for _ in range(2))
+    var_orth = float(kernel_draws(q, k, orthogonal=True, draws=draws, m=d, seed=2).var())
+    var_iid = float(kernel_draws(q, k, orthogonal=False, draws=draws, m=d, seed=3).var())
+    assert var_orth < 0.95 * var_iid
+
+
+def test_favor_stabilisers_cancel_in_normalised_attention():
+    g = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(1, 2, 30, 8, generator=g, dtype=F64) * 0.5 for _ in range(2))
+    v = torch.randn(1, 2, 30, 3, generator=g, dtype=F64)
+    plain = features.Favor(8, 24, seed=2)
+    bounded = features.Favor(8, 24, seed=2, offset="bound")
+    ref = ops.linear_attention(plain(q), plain(k), v, eps=1e-300)
+    for phi in (plain, bounded):
+        o = ops.linear_attention(phi(q, is_query=True), phi(k), v, eps=1e-300)
+        torch.testing.assert_close(o, ref, rtol=1e-10, atol=1e-12)
+    # With c = max_r |w_r|^2 / 2 no key feature exceeds exp(0) / sqrt(m), however large the key.
+    big = torch.randn(1000, 8, generator=g, dtype=F64) * 5
+    assert (bounded(big) <= 1 / math.sqrt(24) + 1e-15).all()
+    assert bounded.offset == pytest.approx(float(bounded.weights.pow(2).sum(1).max()) / 2)
+    # A query's largest feature is exactly 1/sqrt(m) after its own maximum is taken out.
+    torch.testing.assert_close(plain(q, is_query=True).amax(-1), torch.full((1, 2, 30), 24 ** -0.5, dtype=F64))
+
+
+def test_feature_map_registry():
+    assert features.feature_map("identity", 4) is features.identity
+    assert features.feature_map("elu1", 4) is features.elu1
+    assert features.feature_map("taylor", 4) is features.taylor2
+    f = features.feature_map("favor", 4, m=9, seed=3)
+    assert isinstance(f, features.Favor) and f.m == 9 and f.seed == 3
+    assert features.feature_dim("identity", 4) == features.feature_dim("elu1", 4) == 4
+    for bad in (lambda: features.feature_map("relu", 4), lambda: features.feature_dim("relu", 4)):
+        with pytest.raises(ValueError, match="unknown feature map"):
+            bad()
+    with pytest.raises(ValueError, match="offset"):
+        features.Favor(4, offset="max")
