@@ -76,11 +76,12 @@ def compose_config(overrides: list[str]):
     from harness.validate import validate_config
 
     register()
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
+    if not GlobalHydra.instance().is_initialized():
+        # Initialised once per process and kept: composing many configs (a sweep file's
+        # commands, a notebook) then costs milliseconds each.
+        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+        cfg = compose(config_name="config", overrides=overrides)
     except Exception as exc:  # Hydra and OmegaConf raise several types; all become one line
         raise ConfigError(_one_line_compose_error(exc, overrides)) from exc
     validate_config(cfg)
@@ -106,8 +107,11 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(2) from None
 
     import hydra
+    from hydra.core.global_hydra import GlobalHydra
 
     from harness.config import register
+
+    GlobalHydra.instance().clear()  # the pre-check's compose context; hydra.main makes its own
     from harness.run import run_job
 
     register()

@@ -53,9 +53,9 @@ class LoggerConfig:
 @dataclass
 class ProbeConfig:
     d: list[int] = field(default_factory=lambda: [32, 64, 128])
-    n: list[int] = field(default_factory=lambda: [16, 64, 256, 1024, 4096])
+    n: Optional[list[int]] = None      # None: powers of two from d/2 to 64d (at most 16,384)
     candidates: int = 1024
-    max_queries: int = 2048
+    max_queries: int = 1024            # softmax only: its read-out is O(N^2) per query set
     seed: int = 0
 
 

@@ -23,6 +23,13 @@ MODEL_NAMES = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
 FORMS = ("chunk", "parallel", "recurrent")
 GATES = ("scalar", "per_dim")
 FAVOR_REDRAW = ("never", "step")
+POS_EMBS = ("none", "learned")
+
+
+def uses_learned_positions(cfg: "ModelConfig") -> bool:
+    """Softmax attention has no other position signal (no recurrence, rotary off by default);
+    learned absolute positions, as in GPT-2 and Zoology's attention baseline, are its default."""
+    return (cfg.name == "softmax") if cfg.pos_emb is None else cfg.pos_emb == "learned"
 
 
 @dataclass
@@ -34,7 +41,8 @@ class ModelConfig:
     mlp_ratio: int = 4
     short_conv: bool = False  # causal depthwise convolution on the mixer's input
     conv_size: int = 4
-    rotary: Optional[bool] = None  # None: the model's default (on for softmax only)
+    rotary: Optional[bool] = None  # None: the model's default (off: softmax uses learned positions)
+    pos_emb: Optional[str] = None  # none | learned; None: learned for softmax, none otherwise
     form: str = "chunk"  # training form of the linear families: chunk | parallel | recurrent
     chunk_size: int = 64
     eps: float = 1e-6  # denominator floor of normalised kernel attention
@@ -67,13 +75,15 @@ def validate(cfg: ModelConfig) -> None:
         bad(f"unknown favor_redraw {cfg.favor_redraw!r}; valid: {', '.join(FAVOR_REDRAW)}")
     if cfg.norm not in NORMS:
         bad(f"unknown norm {cfg.norm!r}; valid: {', '.join(NORMS)}")
+    if cfg.pos_emb is not None and cfg.pos_emb not in POS_EMBS:
+        bad(f"unknown pos_emb {cfg.pos_emb!r}; valid: {', '.join(POS_EMBS)}")
     if not cfg.eps > 0:
         bad(f"eps must be positive, got {cfg.eps!r}")
     if cfg.favor_features is not None and cfg.favor_features <= 0:
         bad(f"favor_features must be positive or None, got {cfg.favor_features!r}")
     if not 0.0 <= cfg.dropout < 1.0:
         bad(f"dropout must be in [0, 1), got {cfg.dropout!r}")
-    rotary = cfg.name == "softmax" if cfg.rotary is None else cfg.rotary
+    rotary = bool(cfg.rotary)
     if rotary and (cfg.d_model // cfg.n_heads) % 2:
         bad(f"rotary needs an even head dimension, got d_model/n_heads = {cfg.d_model // cfg.n_heads}")
 
@@ -106,7 +116,8 @@ class LanguageModel(nn.Module):
         if vocab_size <= 0 or max_seq_len <= 0:
             raise ValueError(f"vocab_size and max_seq_len must be positive, got {vocab_size}, {max_seq_len}")
         self.cfg, self.vocab_size, self.max_seq_len = cfg, vocab_size, max_seq_len
-        self.embed = nn.Embedding(vocab_size, cfg.d_model)  # no absolute positions (rotary / recurrence)
+        self.embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(max_seq_len, cfg.d_model) if uses_learned_positions(cfg) else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
         self.norm_f = make_norm(cfg.norm, cfg.d_model)
@@ -137,7 +148,10 @@ class LanguageModel(nn.Module):
         T = input_ids.shape[1]
         if T > self.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.max_seq_len}")
-        x = self.dropout(self.embed(input_ids))  # (B, T, C)
+        x = self.embed(input_ids)  # (B, T, C)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight[:T]
+        x = self.dropout(x)
         for block in self.layers:
             x = block(x)
         return self.head(self.norm_f(x))  # (B, T, V)

@@ -16,7 +16,7 @@ def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
     started = time.time()
     device = select_device(cfg.trainer.device)
-    rows = run_probe([cfg.model.name], list(cfg.probe.d), list(cfg.probe.n), seed=cfg.probe.seed,
+    rows = run_probe([cfg.model.name], list(cfg.probe.d), list(cfg.probe.n) if cfg.probe.n is not None else None, seed=cfg.probe.seed,
                      candidates=cfg.probe.candidates, max_queries=cfg.probe.max_queries,
                      device=str(device), progress=cfg.trainer.progress)
     results = base_results(cfg, "probe")

@@ -56,6 +56,8 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"unknown logger.mode '{cfg.logger.mode}'; valid: {', '.join(WANDB_MODES)}")
     _positive("probe", cfg.probe, ("candidates", "max_queries"))
     for key in ("d", "n"):
+        if key == "n" and cfg.probe.n is None:
+            continue
         if not cfg.probe[key] or min(cfg.probe[key]) <= 0:
             raise ValueError(f"probe.{key} must be a non-empty list of positive sizes")
     from harness.model import validate as validate_model

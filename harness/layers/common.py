@@ -88,10 +88,8 @@ class HeadNorm(nn.Module):
 
 
 def rotary_enabled(cfg) -> bool:
-    """cfg.rotary, or the model's default when it is None: on for softmax only (softmax has
-    no other position information and cannot do MQAR without it; the recurrent mixers are
-    ordered by construction)."""
-    return cfg.name == "softmax" if cfg.rotary is None else bool(cfg.rotary)
+    """cfg.rotary; off when None (softmax takes learned absolute positions by default)."""
+    return bool(cfg.rotary)
 
 
 class Rotary(nn.Module):

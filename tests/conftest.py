@@ -1,0 +1,28 @@
+"""Shared test set-up: no network, no GPU assumptions, small thread counts."""
+import os
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.pop("HYDRA_FULL_ERROR", None)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Two pytest workers share two cores: one torch thread each avoids oversubscription.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def run_harness(tmp_path):
+    """Run `python -m harness <overrides>` in a subprocess; returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    def run(*overrides: str, cwd=None, timeout: int = 600):
+        env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+        return subprocess.run([sys.executable, "-m", "harness", *overrides], cwd=cwd or tmp_path,
+                              capture_output=True, text=True, timeout=timeout, env=env)
+
+    return run

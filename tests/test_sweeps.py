@@ -1,0 +1,97 @@
+"""Sweeps: Hydra multirun through the basic, joblib and submitit_local launchers; reruns skip
+completed runs; a failing run keeps the others; wandb sweep files expand into valid configs."""
+import json
+
+import pytest
+
+from analysis.loader import load_results
+from harness import wandb_sweeps
+from harness.cli import compose_config
+
+TINY = ["task=recall", "trainer=debug", "logger=none", "trainer.measure=false",
+        "trainer.checkpoint=false"]
+
+
+def _sweep(run_harness, tmp_path, *extra, launcher=None):
+    args = ["-m", *TINY, "model=softmax,elu", f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra]
+    if launcher:
+        args.append(f"hydra/launcher={launcher}")
+    return run_harness(*args, timeout=600)
+
+
+@pytest.mark.parametrize("launcher", [None, "processes", "local"])
+def test_multirun_through_each_launcher_is_read_by_the_loader(run_harness, tmp_path, launcher):
+    proc = _sweep(run_harness, tmp_path, launcher=launcher)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = load_results(tmp_path / "sweep")
+    assert sorted(runs["model"]) == ["elu", "softmax"]
+    assert (runs["status"] == "ok").all()
+    slices = load_results(tmp_path / "sweep", table="slices")
+    assert set(slices["run.model"] if "run.model" in slices else slices["model"]) == {"elu", "softmax"}
+    assert "2 ok, 0 failed" in proc.stdout
+
+
+def test_rerun_skips_completed_runs(run_harness, tmp_path):
+    first = _sweep(run_harness, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    files = sorted((tmp_path / "sweep").rglob("results.json"))
+    stamps = [f.stat().st_mtime_ns for f in files]
+    second = _sweep(run_harness, tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.count("skip: results for this config exist") == 2
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+
+
+def test_one_failing_run_keeps_the_others(run_harness, tmp_path):
+    # num_pairs=40 cannot fit in seq_len=64: that job fails validation, the other runs.
+    proc = run_harness("-m", *TINY, "model=softmax", "task.num_pairs=4,40",
+                       f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=600)
+    assert proc.returncode == 1
+    assert "1 ok, 1 failed" in proc.stdout
+    assert "num_pairs=40" in proc.stdout  # the summary says why
+    runs = load_results(tmp_path / "sweep")
+    by_status = dict(zip(runs["config.task.num_pairs"], runs["status"]))
+    assert by_status == {4: "ok", 40: "failed"}
+
+
+@pytest.mark.parametrize("path", wandb_sweeps.sweep_files(), ids=lambda p: p.stem)
+def test_wandb_sweep_file_validates_and_every_command_composes(path):
+    sweep = wandb_sweeps.load(path)
+    assert wandb_sweeps.validate(sweep) == []
+    commands = wandb_sweeps.expand(sweep)
+    assert commands
+    for overrides in commands:
+        cfg = compose_config(overrides)  # raises on any invalid key, value or combination
+        assert cfg.model.name in ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
+
+
+def test_wandb_validation_catches_broken_files():
+    broken = {"method": "grid", "parameters": {"model": {"values": []}},
+              "command": ["python", "-m", "harness", "${args}"]}
+    errors = wandb_sweeps.validate(broken)
+    assert any("values" in e for e in errors) and any("args_no_hyphens" in e for e in errors)
+
+
+def _grid(params: dict) -> list[list[str]]:
+    """First and last combination of a sweeper grid (each value list split on commas)."""
+    first = [f"{k}={str(v).split(',')[0]}" for k, v in params.items()]
+    last = [f"{k}={str(v).split(',')[-1]}" for k, v in params.items()]
+    return [first, last]
+
+
+def test_experiment_files_compose():
+    import yaml
+
+    from harness.cli import CONF_DIR
+
+    root = CONF_DIR / "experiment"
+    names = sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
+    for figure in ("capacity", "snr", "mqar", "induction", "sharpness", "cost"):
+        assert figure in names and f"paper/{figure}" in names
+    for name in names:
+        own = yaml.safe_load((root / f"{name}.yaml").read_text()).get("hydra", {})
+        quick = yaml.safe_load((root / f"{name.split('/')[-1]}.yaml").read_text())["hydra"]
+        params = own.get("sweeper", quick["sweeper"])["params"]
+        for combo in _grid(params):
+            cfg = compose_config([f"+experiment={name}", *combo])
+            assert cfg.mode in ("train", "probe", "cost")
