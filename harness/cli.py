@@ -36,7 +36,12 @@ def _one_line_compose_error(exc: BaseException, overrides: list[str]) -> str:
         r"Could not append to config\. An item is already at '([^']+)'", text
     )
     cause = exc.__cause__
+    while cause is not None and cause.__cause__ is not None and "Error merging" in str(cause):
+        cause = cause.__cause__
     detail = str(cause).splitlines()[0] if cause is not None else ""
+    merging = re.search(r"Error merging override ([^=\s]+)=", text + " " + str(exc.__cause__ or ""))
+    if not bad and merging:
+        bad = merging
     if bad:
         key = bad.group(1)
         if "not in" in detail or "Key '" in detail and "not in" in text:

@@ -143,15 +143,19 @@ def test_key_dimension_and_state_accounting():
 
 def test_parameters_and_init():
     model = build(name="softmax")
-    assert model.head.weight is model.embed.weight
-    n = model.num_params()
-    assert n == sum(p.numel() for p in model.parameters())
-    assert model.num_params(non_embedding=True) == n - VOCAB * 16
+    assert model.head.weight is not model.embed.weight  # untied by default
+    tied = build(name="softmax", tie_embeddings=True)
+    assert tied.head.weight is tied.embed.weight
+    assert model.num_params() - tied.num_params() == VOCAB * 16
+    n = tied.num_params()
+    assert n == sum(p.numel() for p in tied.parameters())
+    assert tied.num_params(non_embedding=True) == n - VOCAB * 16
+    assert abs(model.embed.weight.std().item() - 1.0) < 0.2  # unit-variance embeddings
     big = LanguageModel(ModelConfig(name="elu", d_model=64, n_layers=4), 64, 64)
-    qkv = big.layers[0].mixer.qkv_proj.weight.std().item()
-    out = big.layers[0].mixer.out_proj.weight.std().item()
-    assert abs(qkv - 0.02) < 0.002
-    assert abs(out - 0.02 / math.sqrt(8)) < 0.001  # residual projections scaled by depth
+    qkv = big.layers[0].mixer.qkv_proj.weight
+    out = big.layers[0].mixer.out_proj.weight
+    for w in (qkv, out):  # Xavier-uniform: std = sqrt(2 / (fan_in + fan_out))
+        assert abs(w.std().item() - math.sqrt(2 / sum(w.shape))) < 0.1 * math.sqrt(2 / sum(w.shape))
 
 
 def test_decay_initialisation():
@@ -166,8 +170,10 @@ def test_decay_initialisation():
     assert torch.allclose(gammas, 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64)))
 
 
-def test_rotary_default_on_for_softmax_only():
-    assert build(name="softmax").layers[0].mixer.rotary is not None
+def test_rotary_is_opt_in_and_softmax_defaults_to_learned_positions():
+    assert build(name="softmax").layers[0].mixer.rotary is None
+    assert build(name="softmax").pos_embed is not None
+    assert build(name="elu").pos_embed is None
     for name in ("elu", "retnet", "mamba"):
         assert build(name=name).layers[0].mixer.rotary is None
     assert build(name="elu", rotary=True).layers[0].mixer.rotary is not None
@@ -217,7 +223,7 @@ def test_sequence_longer_than_max_raises():
         (dict(eps=0.0), "eps must be positive"),
         (dict(dropout=1.0), "dropout must be in"),
         (dict(favor_features=0), "favor_features must be positive"),
-        (dict(name="softmax", d_model=6, n_heads=2), "rotary needs an even head dimension"),
+        (dict(name="softmax", d_model=6, n_heads=2, rotary=True), "rotary needs an even head dimension"),
     ],
 )
 def test_validate_errors(change, message):
