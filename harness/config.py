@@ -19,7 +19,7 @@ from tasks import TASKS, get_task
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 2000
+    max_steps: int = 1500
     lr: float = 3e-3
     batch_size: int = 64
     weight_decay: float = 0.1
@@ -27,7 +27,7 @@ class TrainerConfig:
     min_lr_ratio: float = 0.1          # cosine decays to lr * min_lr_ratio
     grad_clip: float = 1.0
     eval_every: int = 100
-    eval_examples: int = 512           # held-out examples per evaluation setting
+    eval_examples: int = 256           # held-out examples per evaluation setting
     target_accuracy: Optional[float] = 0.99   # early stop once every setting reaches it
     device: str = "auto"               # auto | cpu | cuda | cuda:N
     precision: str = "fp32"            # fp32 | bf16 (autocast on CUDA/CPU)
