@@ -23,7 +23,8 @@ from torch.autograd.function import once_differentiable
 
 from .chunking import from_chunks, to_chunks
 from .guards import check_chunk_size, check_form, check_qkv, check_qkv_step
-from .prefix import chunk_scan, cumsum
+from .decay_chunk import decay_chunk
+from .prefix import cumsum
 from .scan import scan
 from .segments import segsum, suffix_sum
 
@@ -112,99 +113,21 @@ def decay_attention_step(q, k, v, log_decay, state=None):
 
 # ---- the chunk form -------------------------------------------------------------------------
 
-def _intra_scalar(qc, kc, b):
-    """Weights inside each chunk, one decay per head: (q_i.k_j) exp(b_i - b_j), j <= i (B, H, N, C, C)."""
-    c = qc.shape[3]
-    future = torch.ones(c, c, dtype=torch.bool, device=qc.device).triu(1)
-    decay = torch.exp((b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill_(future, float("-inf")))
-    return torch.matmul(qc, kc.transpose(-1, -2)) * decay
-
-
-class _DecayBlocks:
-    """E (B, H, n, C, C, Dk), E_ijd = prod_{j<s<=i} a_sd for j <= i and 0 above, for n chunks at a time.
-
-    Rows are grown one at a time (E_i = E_{i-1} * a_i, E_ii = 1) from the per-step gates
-    a_s = exp(g_s - g_{s-1}): one multiply per entry and no exp of the (C, C, Dk) tensor.
-    One buffer serves every group of chunks: its zeros above the diagonal and ones on it
-    are written once, and each group rewrites only the entries below.
-    """
-
-    def __init__(self, g: torch.Tensor, n: int):
-        b, h, _, c, dk = g.shape
-        self.buf = g.new_zeros(b, h, n, c, c, dk)
-        torch.diagonal(self.buf, dim1=-3, dim2=-2).fill_(1.0)
-
-    def __call__(self, g: torch.Tensor) -> torch.Tensor:
-        e = self.buf[:, :, : g.shape[2]]
-        a = torch.exp(g[..., 1:, :] - g[..., :-1, :])  # (B, H, n, C - 1, Dk)
-        for i in range(1, g.shape[-2]):
-            torch.mul(e[..., i - 1, :i, :], a[..., i - 1, None, :], out=e[..., i, :i, :])
-        return e
-
-
-class _GatedWeights(torch.autograd.Function):
-    """w_ij = sum_d q_id k_jd E_ijd, E_ijd = exp(g_id - g_jd) for j <= i: in-chunk weights, a gate per key dimension.
-
-    q, k, g: (B, H, N, C, Dk) -> w (B, H, N, C, C). The (C, C, Dk) decay tensor is
-    the exact way to give every dimension its own decay; it is built for a group of chunks
-    at a time (dim 2) and rebuilt in the backward pass instead of being kept, so the extra
-    memory is bounded by GATED_GROUP_ELEMENTS whatever T is.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, g):
-        w = q.new_empty(q.shape[:-1] + (q.shape[-2],))
-        groups = _groups(q)
-        blocks = _DecayBlocks(g, groups[0].stop)
-        work = torch.empty_like(blocks.buf)
-        for sl in groups:
-            e = blocks(g[:, :, sl])
-            ek = torch.mul(e, k[:, :, sl].unsqueeze(-3), out=work[:, :, : e.shape[2]])  # E_ijd k_jd
-            w[:, :, sl] = torch.matmul(ek, q[:, :, sl].unsqueeze(-1)).squeeze(-1)
-        ctx.save_for_backward(q, k, g)
-        return w
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, gw):
-        q, k, g = ctx.saved_tensors
-        gq, gk = torch.empty_like(q), torch.empty_like(k)
-        groups = _groups(q)
-        blocks = _DecayBlocks(g, groups[0].stop)
-        work = torch.empty_like(blocks.buf)
-        for sl in groups:
-            e = blocks(g[:, :, sl])
-            p = torch.mul(e, gw[:, :, sl].unsqueeze(-1), out=work[:, :, : e.shape[2]])  # P_ijd = gw_ij E_ijd
-            gq[:, :, sl] = (p * k[:, :, sl].unsqueeze(-3)).sum(dim=-2)  # sum_j P_ijd k_jd
-            gk[:, :, sl] = p.mul_(q[:, :, sl].unsqueeze(-2)).sum(dim=-3)  # sum_i P_ijd q_id
-        # d w_ij / d g_md = q_id k_jd E_ijd (1[m=i] - 1[m=j]), summed: q * gq - k * gk.
-        return gq, gk, q * gq - k * gk
-
-
-def _groups(q: torch.Tensor):
-    """Slices of dim 2 (chunks) whose (C, C, Dk) decay tensors hold about GATED_GROUP_ELEMENTS."""
-    n = q.shape[2]
-    per_chunk = max(1, q[:, :, :1].numel() * q.shape[-2])
-    size = max(1, GATED_GROUP_ELEMENTS // per_chunk)
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+def _chunk_length(chunk_size: int, t: int, per_dim: bool) -> int:
+    """Chunk length: chunk_size (at most T); for a per-dimension gate the largest power of two
+    not above it, as its in-chunk weights halve the chunk down to single positions."""
+    c = min(chunk_size, t)
+    return 1 << (c.bit_length() - 1) if per_dim else c
 
 
 def _chunk(q, k, v, log_decay, s0, chunk_size):
-    bsz, h, t, _ = q.shape
-    per_dim = log_decay.dim() == 4
-    # Per-dimension gates cap the chunk at GATED_CHUNK (see the module docstring).
-    c = min(chunk_size, t, GATED_CHUNK) if per_dim else min(chunk_size, t)
-    qc, kc, vc, xc = (to_chunks(x, c) for x in (q, k, v, _gate(log_decay)))  # (B, H, N, C, D); xc (.., G)
-    n = qc.shape[2]
-    # Queries decay from the chunk start (b_i = sum_{s<=i} x_s), keys to the chunk end
-    # (b_C - b_j): both exponents are <= 0.
-    b = cumsum(xc, dim=3)  # (B, H, N, C, G)
-    updates = torch.matmul((kc * torch.exp(b[:, :, :, -1:] - b)).transpose(-1, -2), vc)  # (B, H, N, Dk, Dv)
-    starts, final = chunk_scan(updates, torch.exp(b[:, :, :, -1]).unsqueeze(-1), s0)
-    o_inter = torch.matmul(qc * torch.exp(b), starts)  # (B, H, N, C, Dv)
-    w = _GatedWeights.apply(qc, kc, b) if per_dim else _intra_scalar(qc, kc, b.squeeze(-1))
-    o = torch.baddbmm(o_inter.flatten(0, 2), w.flatten(0, 2), vc.flatten(0, 2))
-    return from_chunks(o.view(bsz, h, n, c, -1), t), final
+    bsz, h, t, dk = q.shape
+    dv = v.shape[-1]
+    c = _chunk_length(chunk_size, t, log_decay.dim() == 4)
+    qc, kc, vc, xc = (to_chunks(x, c).flatten(0, 1) for x in (q, k, v, _gate(log_decay)))  # (B*H, N, C, D); xc (.., G)
+    s0 = None if s0 is None else s0.reshape(bsz * h, dk, dv)
+    o, s = decay_chunk(qc, kc, vc, xc, s0)
+    return from_chunks(o.view(bsz, h, o.shape[1], c, dv), t), s.view(bsz, h, dk, dv)
 
 
 def decay_attention(q, k, v, log_decay, *, form="chunk", chunk_size=64, initial_state=None, return_state=False):

@@ -26,7 +26,7 @@ from .guards import (
     check_qkv_step,
     floor_denominator,
 )
-from .prefix import chunk_scan
+from .linear_chunk import linear_chunk
 from .scan import scan
 
 
@@ -120,23 +120,21 @@ def _recurrent(q, k, v, state, causal, exclusive):
     return num[..., :-1], num[..., -1], sa[..., :-1], sa[..., -1]
 
 
-def _chunk(q, k, v, state, causal, exclusive, chunk_size):
+def _chunk(q, k, v, state, causal, exclusive, chunk_size, normalize):
     if not causal:
         return _global(q, k, v, state)
     b, h, t, dk = q.shape
+    dv = v.shape[-1]
     c = min(chunk_size, t)
-    qc, kc, vc = (to_chunks(x, c) for x in (q, k, v))  # (B, H, N, C, D)
-    n = qc.shape[2]
-    # States entering each chunk: a prefix sum of the chunks' own sums, S and z together.
-    kv = torch.matmul(kc.transpose(-1, -2), vc)  # (B, H, N, Dk, Dv)
-    s_start, s = chunk_scan(kv, None, None if state is None else state[0])
-    z_start, z = chunk_scan(kc.sum(dim=3, keepdim=True), None,
-                            None if state is None else state[1].unsqueeze(-2))  # (B, H, N, 1, Dk)
-    # Exact inside the chunk plus the read of the entering state (one fused bmm).
-    w = _scores(qc, kc, True, exclusive)  # (B, H, N, C, C)
-    num = torch.baddbmm(torch.matmul(qc, s_start).flatten(0, 2), w.flatten(0, 2), vc.flatten(0, 2))
-    den = w.sum(dim=-1) + (qc * z_start).sum(dim=-1)  # (B, H, N, C)
-    return from_chunks(num.view(b, h, n, c, -1), t), from_chunks(den, t), s, z.squeeze(-2)
+    qc, kc, vc = (to_chunks(x, c).flatten(0, 1) for x in (q, k, v))  # (B*H, N, C, D)
+    s0 = z0 = None
+    if state is not None:
+        s0, z0 = state[0].reshape(b * h, dk, dv), state[1].reshape(b * h, dk)
+    num, den, s, z = linear_chunk(qc, kc, vc, s0, z0, exclusive, normalize)
+    n = num.shape[1]
+    num = from_chunks(num.view(b, h, n, c, dv), t)
+    den = None if den is None else from_chunks(den.view(b, h, n, c), t)
+    return num, den, s.view(b, h, dk, dv), z.view(b, h, dk)
 
 
 def linear_attention(q, k, v, *, form="chunk", causal=True, exclusive=False, normalize=True, eps=1e-6,
@@ -168,7 +166,7 @@ def linear_attention(q, k, v, *, form="chunk", causal=True, exclusive=False, nor
     elif form == "recurrent":
         num, den, s, z = _recurrent(q, k, v, state, causal, exclusive)
     else:
-        num, den, s, z = _chunk(q, k, v, state, causal, exclusive, chunk_size)
+        num, den, s, z = _chunk(q, k, v, state, causal, exclusive, chunk_size, normalize)
     o = _read_out(num, den, normalize, eps, "linear_attention")
     return (o, (s, z)) if return_state else o
 

@@ -1,10 +1,14 @@
-"""Prefix sums and the chunk-to-chunk state scan, with hand-written backward passes.
+"""Prefix sums over time and the chunk-to-chunk state scan.
 
-``torch.cumsum`` along a non-innermost dimension runs a slow scalar loop on CPU, and a
-Python loop of autograd ops over chunks allocates a fresh tensor per chunk in both passes.
-Both scans here loop over the scanned dimension with in-place adds into one preallocated
-output, forward and backward, which is several times faster for the shapes the chunk and
-parallel forms use (a few to a few thousand steps of thousands of elements each).
+``torch.cumsum`` runs a sequential scalar loop on CPU (slowest along a non-innermost
+dimension). The scans here loop over the scanned dimension instead, each step one vectorised
+add of a whole slice into a preallocated output, which is several times faster for the shapes
+the chunk and parallel forms use (a few to a few thousand steps of thousands of elements).
+
+:func:`scan_states` is the state recurrence between chunks, S_{n+1} = a_n * S_n + U_n, run
+forwards for the outputs and backwards for the gradients. It is called inside hand-written
+autograd Functions, so it keeps no graph; low-precision states (bf16 under autocast) are
+accumulated in float32.
 """
 
 from __future__ import annotations
@@ -13,19 +17,9 @@ import torch
 from torch.autograd.function import once_differentiable
 
 
-class _Cumsum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim):
-        ctx.dim = dim
-        return _scan_add(x, dim, reverse=False)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        return _scan_add(grad, ctx.dim, reverse=True), None
-
-
-def _scan_add(x: torch.Tensor, dim: int, *, reverse: bool) -> torch.Tensor:
+def scan_add(x: torch.Tensor, dim: int, *, reverse: bool = False) -> torch.Tensor:
+    """Inclusive cumulative sum along dim (from the end when reverse), one slice add per step."""
+    dim = dim % x.dim()
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     n = x.size(dim)
     order = range(n - 1, -1, -1) if reverse else range(n)
@@ -40,6 +34,18 @@ def _scan_add(x: torch.Tensor, dim: int, *, reverse: bool) -> torch.Tensor:
     return out
 
 
+class _Cumsum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        return scan_add(x, dim)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        return scan_add(grad, ctx.dim, reverse=True), None
+
+
 def cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Inclusive cumulative sum along dim: torch.cumsum's sums, accumulated in the input dtype."""
     dim = dim % x.dim()
@@ -51,56 +57,40 @@ def cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return _Cumsum.apply(x, dim)
 
 
-class _ChunkScan(torch.autograd.Function):
-    """starts_n = S_n, S_{n+1} = a_n * S_n + U_n, S_0 = s0 (dim 2 indexes chunks)."""
-
-    @staticmethod
-    def forward(ctx, updates, decays, s0):
-        # updates (B, H, N, X, Y); decays (B, H, N, G, 1) broadcast over (X, Y), or None; s0 (B, H, X, Y)
-        n_chunks = updates.shape[2]
-        starts = torch.empty_like(updates, memory_format=torch.contiguous_format)
-        starts[:, :, 0] = s0
-        for n in range(n_chunks):
-            out = starts[:, :, n + 1] if n + 1 < n_chunks else None
-            final = _advance(updates[:, :, n], None if decays is None else decays[:, :, n], starts[:, :, n], out)
-        ctx.save_for_backward(starts if decays is not None else None, decays)
-        ctx.has_decay = decays is not None
-        return starts, final
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g_starts, g_final):
-        starts, decays = ctx.saved_tensors
-        n_chunks = g_starts.shape[2]
-        # g_updates[n] is the gradient with respect to S_{n+1}:
-        # G_N = g_final, G_n = g_starts[n] + a_n * G_{n+1}.
-        g_updates = torch.empty_like(g_starts, memory_format=torch.contiguous_format)
-        g_updates[:, :, n_chunks - 1] = g_final
-        for n in range(n_chunks - 1, 0, -1):
-            a = None if decays is None else decays[:, :, n]
-            _advance(g_starts[:, :, n], a, g_updates[:, :, n], g_updates[:, :, n - 1])
-        g_s0 = _advance(g_starts[:, :, 0], None if decays is None else decays[:, :, 0], g_updates[:, :, 0], None)
-        g_decays = None
-        if ctx.has_decay:
-            g_decays = (g_updates * starts).sum(dim=-1, keepdim=True).sum_to_size(decays.shape)
-        return g_updates, g_decays, g_s0
-
-
-def _advance(u, a, s, out):
+def _advance(u, a, s, out=None):
     """u + a * s (u + s without a), written into out when given."""
     if a is None:
         return torch.add(u, s, out=out) if out is not None else u + s
     return torch.addcmul(u, a, s, out=out) if out is not None else torch.addcmul(u, a, s)
 
 
-def chunk_scan(updates: torch.Tensor, decays: torch.Tensor | None, s0: torch.Tensor | None):
-    """The state entering each chunk and the final state.
+def scan_states(updates: torch.Tensor, decays: torch.Tensor | None, s0: torch.Tensor | None,
+                *, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state entering each chunk, and the state after the last one. No autograd.
 
-    updates: (B, H, N, X, Y), each chunk's own contribution U_n (already decayed to the
-    chunk end); decays: (B, H, N, G, 1) with G = 1 or X, the factor a chunk applies to the
-    state it receives (None: no decay); s0: (B, H, X, Y) or None (zeros).
-    Returns starts (B, H, N, X, Y) with starts_n = S_n, and S_N.
+    updates: (M, N, X, Y), chunk n's own contribution U_n; decays: (M, N, G, 1) with G = 1
+    or X, the factor chunk n applies to the state it receives (None: no decay); s0: (M, X, Y)
+    or None (zeros). Forwards: starts_0 = s0, starts_{n+1} = a_n * starts_n + U_n, and the
+    second result is a_{N-1} * starts_{N-1} + U_{N-1}. Reverse runs the same recurrence from
+    the last chunk to the first (the gradient of the forward scan): starts_{N-1} = s0,
+    starts_{n-1} = a_n * starts_n + U_n, and the second result is a_0 * starts_0 + U_0.
     """
+    n = updates.shape[1]
+    order = list(range(n - 1, -1, -1)) if reverse else list(range(n))
+    decay = (lambda i: None) if decays is None else (lambda i: decays[:, i])
+    starts = torch.empty_like(updates, memory_format=torch.contiguous_format)
+    if updates.dtype in (torch.float16, torch.bfloat16):
+        # A long sum of low-precision states drifts: run it in float32, store the compute dtype.
+        state = updates.new_zeros(starts[:, 0].shape, dtype=torch.float32) if s0 is None else s0.float()
+        for i in order:
+            starts[:, i].copy_(state)
+            state = _advance(updates[:, i].float(), decay(i), state)
+        return starts, state.to(updates.dtype)
     if s0 is None:
-        s0 = updates.new_zeros(updates.shape[:2] + updates.shape[3:])
-    return _ChunkScan.apply(updates, decays, s0)
+        starts[:, order[0]].zero_()
+    else:
+        starts[:, order[0]].copy_(s0)
+    for prev, nxt in zip(order[:-1], order[1:]):  # written in place: one add per chunk
+        _advance(updates[:, prev], decay(prev), starts[:, prev], out=starts[:, nxt])
+    last = order[-1]
+    return starts, _advance(updates[:, last], decay(last), starts[:, last])
