@@ -14,6 +14,27 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def _load_make_results():
+    """tests/fixtures/make_results.py: synthetic results trees shared by the analysis tests."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "make_results.py"
+    spec = importlib.util.spec_from_file_location("make_results", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_results = _load_make_results()
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """A synthetic tree of every experiment's sweep (module-scoped: built once per file)."""
+    return make_results.write_results_tree(tmp_path_factory.mktemp("results"))
+
+
 @pytest.fixture
 def run_harness(tmp_path):
     """Run `python -m harness <overrides>` in a subprocess; returns the CompletedProcess."""

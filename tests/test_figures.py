@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import make_results
 from matplotlib.figure import Figure
 
 from analysis import figures
@@ -25,22 +26,6 @@ from analysis.plots.snr import fit_slopes, snr_points
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = [spec.name for spec in figures.FIGURES]
-
-
-def _fixtures():
-    path = Path(__file__).parent / "fixtures" / "make_results.py"
-    spec = importlib.util.spec_from_file_location("make_results", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_results = _fixtures()
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    return make_results.write_results_tree(tmp_path_factory.mktemp("results"))
 
 
 @pytest.fixture(scope="module")

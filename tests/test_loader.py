@@ -7,24 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import make_results
 
 from analysis.loader import NoResultsError, find_results, load_all, load_results, results_root
-
-
-def _fixtures():
-    path = Path(__file__).parent / "fixtures" / "make_results.py"
-    spec = importlib.util.spec_from_file_location("make_results", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_results = _fixtures()
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    return make_results.write_results_tree(tmp_path_factory.mktemp("results"))
 
 
 @pytest.fixture(scope="module")

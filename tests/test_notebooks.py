@@ -18,19 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "analysis").glob("nb_*.py"))
 
 
-def _fixtures():
-    path = Path(__file__).parent / "fixtures" / "make_results.py"
-    spec = importlib.util.spec_from_file_location("make_results", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    return _fixtures().write_results_tree(tmp_path_factory.mktemp("results"))
-
-
 @pytest.fixture(scope="module")
 def kernel(tree, tmp_path_factory):
     """One python3 kernel of this interpreter for every notebook (each starts from a cleared
