@@ -3,7 +3,6 @@ when its data is absent; `python -m analysis.figures` plots existing results or 
 missing sweeps first."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path

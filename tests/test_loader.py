@@ -1,7 +1,6 @@
 """analysis.loader on synthetic results trees: sweeps, single runs, failures, half-written sweeps."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 

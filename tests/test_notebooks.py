@@ -2,7 +2,6 @@
 and draws its figures."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
