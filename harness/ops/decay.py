@@ -9,27 +9,31 @@ the segment between them (or as the product of that segment's a_s), never as a r
 cumulative products, so nothing overflows when the decay is strong: every exponent is <= 0
 and every factor <= 1 for log_decay <= 0 (the intended range; it must be finite).
 
-The chunk form splits each chunk's decay at the chunk start (queries read the state
-entering the chunk) and at the chunk end (keys enter the state leaving it). Inside a chunk a scalar decay is a (C, C) mask on q k^T. A per-dimension gate has no such
-mask: it is applied exactly, dimension by dimension, on a (C, C, Dk) tensor. That costs
-O(C Dk) per token, so this form caps its chunks at GATED_CHUNK positions whatever
-chunk_size asks for (the states between chunks then cost O(Dk Dv / C) per token).
+The chunk form (harness.ops.decay_chunk, one autograd Function with a hand-written
+backward) splits each chunk's decay at the chunk start (queries read the state entering the
+chunk) and at the chunk end (keys enter the state leaving it). Inside a chunk a scalar decay
+is a (C, C) mask on q k^T; a per-dimension gate has no such mask and is factored exactly
+through the midpoints of the chunk's halves, quarters, ... (log2 C levels of batched
+matmuls, every factor <= 1), so its chunks are powers of two.
+
+The per-dimension weights of the parallel form do need the (T, T, Dk) decay tensor; it is
+built GATED_GROUP_ELEMENTS elements (a group of key dimensions) at a time and, when
+gradients are needed, rebuilt in the backward pass, so the form holds O(T^2) memory, not
+O(T^2 Dk).
 """
 
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch.utils.checkpoint import checkpoint
 
 from .chunking import from_chunks, to_chunks
 from .guards import check_chunk_size, check_form, check_qkv, check_qkv_step
 from .decay_chunk import decay_chunk
-from .prefix import cumsum
 from .scan import scan
 from .segments import segsum, suffix_sum
 
-GATED_CHUNK = 16  # longest chunk of the per-dimension (GLA) chunk form
-GATED_GROUP_ELEMENTS = 1 << 22  # elements of its (C, C, Dk) decay tensor built at once
+GATED_GROUP_ELEMENTS = 1 << 22  # elements of the per-dimension (T, T, Dk) decay tensor built at once
 
 
 def _check_log_decay(q, log_decay, where):
@@ -58,13 +62,26 @@ def decay_weights(q, k, log_decay):
     """Effective weights a_ij = q_i . (prod_{j<s<=i} a_s) k_j for j <= i, 0 above (B, H, T, T).
 
     o = a v + (contribution of an initial state). A per-dimension gate costs O(T^2 Dk)
-    time and memory (the decay differs per key dimension), so keep T modest there.
+    time (the decay differs per key dimension; its memory stays O(T^2)), so keep T modest there.
     """
     _check_log_decay(q, log_decay, "decay_weights")
     if log_decay.dim() == 3:
         return torch.matmul(q, k.transpose(-1, -2)) * torch.exp(segsum(log_decay))
-    decay = torch.exp(segsum(log_decay.transpose(-1, -2)))  # (B, H, Dk, T, T)
-    qk = q.transpose(-1, -2).unsqueeze(-1) * k.transpose(-1, -2).unsqueeze(-2)  # (B, H, Dk, T, T): q_id k_jd
+    b, h, t, dk = q.shape
+    size = max(1, min(dk, GATED_GROUP_ELEMENTS // max(1, b * h * t * t)))  # key dimensions per group
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, log_decay))
+    w = None
+    for d in range(0, dk, size):
+        part = (q[..., d:d + size], k[..., d:d + size], log_decay[..., d:d + size])
+        part = checkpoint(_dims_weights, *part, use_reentrant=False) if grad else _dims_weights(*part)
+        w = part if w is None else w + part
+    return w
+
+
+def _dims_weights(q, k, log_decay):
+    """sum_d q_id k_jd exp(sum_{j<s<=i} x_sd) over the key dimensions given (B, H, T, g) -> (B, H, T, T)."""
+    decay = torch.exp(segsum(log_decay.transpose(-1, -2)))  # (B, H, g, T, T)
+    qk = q.transpose(-1, -2).unsqueeze(-1) * k.transpose(-1, -2).unsqueeze(-2)  # (B, H, g, T, T): q_id k_jd
     return (qk * decay).sum(dim=2)
 
 
@@ -134,9 +151,9 @@ def decay_attention(q, k, v, log_decay, *, form="chunk", chunk_size=64, initial_
     """Decayed linear attention over q, k (B, H, T, Dk), v (B, H, T, Dv).
 
     log_decay: (B, H, T) or (B, H, T, Dk), finite and normally <= 0 (a_t in (0, 1]).
-    form: "parallel" (masked quadratic; O(T^2 Dk) for per-dimension gates), "recurrent" (a
+    form: "parallel" (masked quadratic; O(T^2 Dk) time for per-dimension gates), "recurrent" (a
     loop over time carrying S) or "chunk" (exact inside chunks of ``chunk_size``, S across
-    chunks; any T; per-dimension gates use chunks of at most GATED_CHUNK). initial_state:
+    chunks; any T; per-dimension gates use the largest power of two <= chunk_size). initial_state:
     S (B, H, Dk, Dv). Returns o (B, H, T, Dv), or (o, S) with the final state.
     """
     check_qkv(q, k, v, "decay_attention")

@@ -2,8 +2,10 @@
 
 q and k arrive already feature-mapped (phi(q), phi(k); non-negative for normalised attention).
 Each form computes the numerator q S and the denominator q.z of every position and hands
-them to one read-out (:func:`_read_out`); the recurrent form and the step carry S and z
-together as S' = [S | z] (Dk, Dv + 1), the state of a value with a constant 1 appended.
+them to one read-out (:func:`_read_out`; the causal chunk form applies the same floor and
+check inside its autograd Function, harness.ops.linear_chunk); the recurrent form and the
+step carry S and z together as S' = [S | z] (Dk, Dv + 1), the state of a value with a
+constant 1 appended.
 
 Denominators: den = q_i.z_i (plus q_i.z0 from an initial state). |den| is floored at ``eps``
 keeping its sign (an exact zero becomes +eps), identically in every form, the step function
@@ -120,9 +122,9 @@ def _recurrent(q, k, v, state, causal, exclusive):
     return num[..., :-1], num[..., -1], sa[..., :-1], sa[..., -1]
 
 
-def _chunk(q, k, v, state, causal, exclusive, chunk_size, normalize):
-    if not causal:
-        return _global(q, k, v, state)
+def _chunk(q, k, v, state, exclusive, chunk_size, eps):
+    """The causal chunk form; unlike the others it returns o itself: the read-out (the same floor
+    and check) runs inside harness.ops.linear_chunk, chunk by chunk."""
     b, h, t, dk = q.shape
     dv = v.shape[-1]
     c = min(chunk_size, t)
@@ -130,11 +132,8 @@ def _chunk(q, k, v, state, causal, exclusive, chunk_size, normalize):
     s0 = z0 = None
     if state is not None:
         s0, z0 = state[0].reshape(b * h, dk, dv), state[1].reshape(b * h, dk)
-    num, den, s, z = linear_chunk(qc, kc, vc, s0, z0, exclusive, normalize)
-    n = num.shape[1]
-    num = from_chunks(num.view(b, h, n, c, dv), t)
-    den = None if den is None else from_chunks(den.view(b, h, n, c), t)
-    return num, den, s.view(b, h, dk, dv), z.view(b, h, dk)
+    o, s, z = linear_chunk(qc, kc, vc, s0, z0, exclusive, eps)
+    return from_chunks(o.view(b, h, o.shape[1], c, dv), t), s.view(b, h, dk, dv), z.view(b, h, dk)
 
 
 def linear_attention(q, k, v, *, form="chunk", causal=True, exclusive=False, normalize=True, eps=1e-6,
@@ -161,12 +160,15 @@ def linear_attention(q, k, v, *, form="chunk", causal=True, exclusive=False, nor
     if exclusive and not causal:
         raise ValueError("exclusive=True requires causal=True (a global form has no 'before')")
     state = _check_state(initial_state, q, v.shape[-1])
+    if form == "chunk" and causal:
+        o, s, z = _chunk(q, k, v, state, exclusive, chunk_size, eps if normalize else None)
+        return (o, (s, z)) if return_state else o
     if form == "parallel":
         num, den, s, z = _parallel(q, k, v, state, causal, exclusive)
     elif form == "recurrent":
         num, den, s, z = _recurrent(q, k, v, state, causal, exclusive)
-    else:
-        num, den, s, z = _chunk(q, k, v, state, causal, exclusive, chunk_size, normalize)
+    else:  # chunk, causal=False: one global state
+        num, den, s, z = _global(q, k, v, state)
     o = _read_out(num, den, normalize, eps, "linear_attention")
     return (o, (s, z)) if return_state else o
 
