@@ -65,6 +65,11 @@ def test_wandb_sweep_file_validates_and_every_command_composes(path):
         assert cfg.model.name in ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
 
 
+def test_every_figure_has_a_wandb_sweep_file():
+    names = {p.stem for p in wandb_sweeps.sweep_files()}
+    assert {"capacity", "snr", "mqar", "induction", "sharpness"} <= names
+
+
 def test_wandb_validation_catches_broken_files():
     broken = {"method": "grid", "parameters": {"model": {"values": []}},
               "command": ["python", "-m", "harness", "${args}"]}
