@@ -225,3 +225,13 @@ def test_chunk_forms_agree_block_by_block_and_in_one_block(monkeypatch, family):
         results.append([o.detach(), *torch.autograd.grad(o, leaves, inputs["grad_out"])])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_a_spent_time_budget_skips_the_rest_and_still_reports():
+    from harness.bench.run import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(batch=1, heads=1, head_dim=4, seq_lens=[8, 16], families=["linear"], forms=["chunk"],
+                      repeats=1, time_budget_s=0.0, loop=False, limit_seq_len=16)
+    result = run_benchmark(cfg, log=lambda s: None)
+    assert {r["status"] for r in result["rows"]} == {"skipped: time budget spent"}
+    assert result["summary"]["decode"] is None and result["summary"]["targets"]

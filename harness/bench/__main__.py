@@ -26,7 +26,6 @@ if __name__ == "__main__":
     _reexec_with_allocator_env()
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 from dataclasses import fields  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -58,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recurrent-max-len", type=int)
     p.add_argument("--max-call-s", type=float, help="skip calls predicted to take longer")
     p.add_argument("--limit-seq-len", type=int, help="length at which limit ratios are summarised")
+    p.add_argument("--time-budget-s", type=float, help="skip the lengths and phases not started within this many "
+                                                       "seconds (the JSON is still written)")
     p.add_argument("--decode-contexts", type=_ints)
     p.add_argument("--decode-repeats", type=int)
     p.add_argument("--loop-steps", type=int)

@@ -49,6 +49,7 @@ class BenchConfig:
     max_call_s: float = 5.0  # skip a call predicted to take longer
     max_call_bytes: float | None = None  # None: a quarter of the machine's memory (CPU), 60% of a GPU's
     limit_seq_len: int = 4096
+    time_budget_s: float | None = None  # past it, the remaining lengths and phases are skipped
     memory: bool = True
     decode: bool = True
     decode_contexts: list[int] = field(default_factory=lambda: [256, 16384])
@@ -99,9 +100,10 @@ def _row(family, form, c, pass_, shape, status, **extra) -> dict[str, Any]:
 
 
 def measure_forms(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, *, d_key: int | None = None,
-                  log: Callable[[str], None] = print, retnet: bool = False) -> tuple[list[dict], list[float]]:
+                  log: Callable[[str], None] = print, retnet: bool = False,
+                  deadline: float | None = None) -> tuple[list[dict], list[float]]:
     """Rows for every (family, form, chunk size, length, pass) of cfg, and all GEMM rate samples
-    (limit ratios against their median)."""
+    (limit ratios against their median). Lengths not started by `deadline` (time.time()) are skipped."""
     d_key = d_key or cfg.head_dim
     budget = cfg.max_call_bytes or _memory_budget(device)
     item = torch.empty((), dtype=dtype).element_size()
@@ -113,9 +115,13 @@ def measure_forms(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, *,
         shape = C.Shape(cfg.batch, cfg.heads, t, d_key, cfg.head_dim)
         group: dict[tuple, C.Case] = {}
         shared: dict[str, dict[str, torch.Tensor]] = {}  # one set of inputs per family at this length
+        out_of_time = deadline is not None and time.time() > deadline
         for key in _cell_keys(cfg):
             family, form, c, pass_ = key
             fam_shape = shape if family != "softmax" else C.Shape(cfg.batch, cfg.heads, t, cfg.head_dim, cfg.head_dim)
+            if out_of_time:
+                rows.append(_row(*key, fam_shape, "skipped: time budget spent"))
+                continue
             if form == "recurrent" and t > cfg.recurrent_max_len:
                 rows.append(_row(*key, fam_shape, f"skipped: recurrent beyond {cfg.recurrent_max_len}"))
                 continue
@@ -136,6 +142,8 @@ def measure_forms(cfg: BenchConfig, device: torch.device, dtype: torch.dtype, *,
                                          compile=cfg.compile, autocast=cfg.bf16, inputs=shared[family])
             except (RuntimeError, ValueError) as err:
                 rows.append(_row(*key, fam_shape, f"error: {type(err).__name__}: {err}"))
+        if not group:
+            continue
         setup = time.perf_counter()
         mems: dict[tuple, int | None] = {}
         runnable: dict[tuple, Callable[[], None]] = {}
@@ -210,7 +218,11 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
     for family in cfg.families:
         if family not in C.FAMILIES:
             raise ValueError(f"unknown family {family!r}; valid: {', '.join(C.FAMILIES)}")
-    rows, rates = measure_forms(cfg, device, dtype, log=log)
+    # A time budget keeps a quarter for decoding and the training loop, which run after the forms.
+    deadline = None if cfg.time_budget_s is None else started + cfg.time_budget_s
+    in_time = lambda: deadline is None or time.time() < deadline  # noqa: E731
+    forms_deadline = None if deadline is None else started + 0.75 * cfg.time_budget_s
+    rows, rates = measure_forms(cfg, device, dtype, log=log, deadline=forms_deadline)
     gemm_rate = median(rates)
     limit_len = cfg.limit_seq_len if cfg.limit_seq_len in cfg.seq_lens else max(cfg.seq_lens)
     summary: dict[str, Any] = {
@@ -222,14 +234,14 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
         "decode": None,
         "loop": None,
     }
-    if cfg.decode:
+    if cfg.decode and in_time():
         fams = tuple(f for f in DECODE_FAMILIES if f in cfg.families)
         start = time.perf_counter()
         summary["decode"] = decode_times(cfg.decode_contexts, batch=cfg.batch, heads=cfg.heads, d_key=cfg.head_dim,
                                          d_value=cfg.head_dim, device=device, dtype=dtype, repeats=cfg.decode_repeats,
                                          families=fams)
         log(f"[bench] decode: {time.perf_counter() - start:.1f} s")
-    if cfg.loop:
+    if cfg.loop and in_time():
         from harness.bench.loop import loop_efficiency
 
         start = time.perf_counter()
