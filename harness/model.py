@@ -15,7 +15,7 @@ from torch import nn
 
 from harness import ops
 from harness.hooks import HookPoint
-from harness.layers import MLP, Mixer, ShortConv, build_mixer, make_norm
+from harness.layers import MLP, Mixer, build_mixer, make_norm
 from harness.layers.common import NORMS
 
 MODEL_NAMES = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
@@ -38,7 +38,7 @@ class ModelConfig:
     n_layers: int = 2
     n_heads: int = 1
     mlp_ratio: int = 4
-    short_conv: bool = False  # causal depthwise convolution on the mixer's input
+    short_conv: bool = True  # causal depthwise convolution of q, k, v after their projection
     conv_size: int = 4
     rotary: Optional[bool] = None  # None: the model's default (off: softmax uses learned positions)
     pos_emb: Optional[str] = None  # none | learned; None: learned for softmax, none otherwise
@@ -94,7 +94,6 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.norm1 = make_norm(cfg.norm, cfg.d_model)
-        self.conv = ShortConv(cfg.d_model, cfg.conv_size) if cfg.short_conv else None
         self.mixer = build_mixer(cfg, layer_idx)
         self.norm2 = make_norm(cfg.norm, cfg.d_model)
         self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout)
@@ -102,10 +101,7 @@ class Block(nn.Module):
         self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
-        h = self.norm1(x)
-        if self.conv is not None:
-            h = self.conv(h)
-        x = self.hook_resid_mid(x + self.dropout(self.mixer(h)))
+        x = self.hook_resid_mid(x + self.dropout(self.mixer(self.norm1(x))))
         return self.hook_resid_post(x + self.mlp(self.norm2(x)))
 
 

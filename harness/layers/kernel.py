@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from harness import features, ops
-from harness.layers.common import Mixer, merge_heads, register, split_heads
+from harness.layers.common import Mixer, merge_heads, register
 
 FEATURES = {"linear": "identity", "elu": "elu1", "favor": "favor", "taylor": "taylor"}
 EXP_KERNELS = ("favor", "taylor")  # feature maps that estimate exp(q.k): scale inputs by d^-1/4
@@ -34,7 +34,6 @@ class KernelAttention(Mixer):
         super().__init__(cfg, layer_idx)
         self.form, self.chunk_size, self.eps = cfg.form, cfg.chunk_size, cfg.eps
         self.redraw_each_step = cfg.name == "favor" and cfg.favor_redraw == "step"
-        self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.input_scale = self.d_head**-0.25 if cfg.name in EXP_KERNELS else 1.0
         m = cfg.favor_features if cfg.name == "favor" else None
@@ -63,7 +62,7 @@ class KernelAttention(Mixer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         if self.redraw_each_step and self.training:
             self.redraw_features()  # one forward pass in training mode is one step
-        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, D)
+        q, k, v = self.project_qkv(x)  # (B, H, T, D)
         if self.rotary is not None:  # before the feature map: keeps phi >= 0 and one denominator
             q, k = self.rotary(q), self.rotary(k)
         q, k = self.hook_q_raw(q * self.input_scale), self.hook_k_raw(k * self.input_scale)

@@ -38,7 +38,6 @@ class GatedDecay(Mixer):
         super().__init__(cfg, layer_idx)
         self.form, self.chunk_size, self.gate = cfg.form, cfg.chunk_size, cfg.gate
         C, H = cfg.d_model, self.n_heads
-        self.qkv_proj = nn.Linear(C, 3 * C, bias=False)
         self.gate_proj = nn.Linear(C, C, bias=False)  # silu output gate (Mamba's z)
         self.out_proj = nn.Linear(C, C, bias=False)
         self.norm = HeadNorm(H, self.d_head, "rmsnorm")
@@ -76,7 +75,7 @@ class GatedDecay(Mixer):
         return split_heads(g, self.n_heads), None  # (B, H, T, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
-        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, D)
+        q, k, v = self.project_qkv(x)  # (B, H, T, D)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         q, k = self.hook_q_raw(q), self.hook_k_raw(k)  # no feature map: raw == fed

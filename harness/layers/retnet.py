@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness import ops
-from harness.layers.common import HeadNorm, Mixer, merge_heads, register, split_heads
+from harness.layers.common import HeadNorm, Mixer, merge_heads, register
 
 
 def retnet_log_gammas(n_heads: int) -> torch.Tensor:
@@ -32,7 +32,6 @@ class Retention(Mixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.form, self.chunk_size = cfg.form, cfg.chunk_size
-        self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.norm = HeadNorm(self.n_heads, self.d_head, "layernorm")
@@ -41,7 +40,7 @@ class Retention(Mixer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         B, T, _ = x.shape
-        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, D)
+        q, k, v = self.project_qkv(x)  # (B, H, T, D)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         q, k = self.hook_q_raw(q * self.q_scale), self.hook_k_raw(k)  # no feature map: raw == fed

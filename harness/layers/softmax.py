@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from harness import ops
-from harness.layers.common import Mixer, merge_heads, register, split_heads
+from harness.layers.common import Mixer, merge_heads, register
 
 
 @register("softmax")
@@ -19,12 +19,11 @@ class SoftmaxAttention(Mixer):
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
-        self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.scale = self.d_head**-0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
-        q, k, v = (split_heads(t, self.n_heads) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, D)
+        q, k, v = self.project_qkv(x)  # (B, H, T, D)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         q, k = self.hook_q_raw(q), self.hook_k_raw(k)  # no feature map: raw == fed
