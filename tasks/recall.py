@@ -16,10 +16,12 @@ Labels exist only at query positions.
 (`.` is IGNORE in targets, -1 in target_pos/slice_value.) target_pos is the position of the
 value token that answers the query: inputs[b, target_pos[b, t]] == targets[b, t].
 
-Queries: `num_queries=None` fills every position after the pairs with a query (T - 2N labels
-per example, which makes learning fast). With fewer queries they sit at distinct offsets s from
-the end of the pairs drawn with p(s) ∝ (s+1)^(power_a-1) (Zoology's power law: short gaps
-dominate at power_a=0.01), and the other positions hold the filler 0. Which key each query
+Queries: `num_queries=None` asks each stored key once (Q = N, as Zoology). Queries sit at
+distinct offsets s from the end of the pairs drawn with p(s) ∝ (s+1)^(power_a-1) (Zoology's
+power law: short gaps dominate at power_a=0.01), and the other positions hold the filler 0.
+`num_queries = seq_len - 2N` fills every position after the pairs with a query: more labels
+per example, but for a linear state each query is also a write (the key before it paired with
+this key), so N pairs compete with T - 2N such writes and normalised kernels stall near 1/N. Which key each query
 asks is balanced: with Q <= N the queried keys are distinct; with Q > N each key is asked
 floor(Q/N) or ceil(Q/N) times, in random order. Values never reappear after the pairs, so
 target_pos is the only place the answer can be read from.
@@ -47,14 +49,14 @@ class Config:
     seq_len: int = 64
     vocab_size: int = 256
     num_pairs: int = 4
-    num_queries: Optional[int] = None        # None: every position after the pairs is a query
+    num_queries: Optional[int] = None        # None: num_pairs (each stored key asked once)
     power_a: float = 0.01                    # gap law p(s) ∝ (s+1)^(power_a-1); 1 = uniform
     test_seq_len: Optional[int] = None       # None: seq_len
     test_num_pairs: list[int] = field(default_factory=list)  # empty: [num_pairs]
 
 
 def _num_queries(cfg: Config) -> int:
-    return cfg.seq_len - 2 * cfg.num_pairs if cfg.num_queries is None else cfg.num_queries
+    return cfg.num_pairs if cfg.num_queries is None else cfg.num_queries
 
 
 def _validate_setting(cfg: Config, where: str) -> None:

@@ -109,8 +109,21 @@ def _recall_pairs(batch, n):
     return keys, values
 
 
-def test_recall_layout_default_fill():
+def test_recall_default_asks_each_key_once():
     cfg = recall.Config()
+    batch = recall.make_batch(cfg, 16, seed=0)
+    n = cfg.num_pairs
+    keys, _ = _recall_pairs(batch, n)
+    lab = batch.label_mask
+    assert not lab[:, :2 * n].any() and (lab.sum(1) == n).all()    # Q = N, after the pairs
+    asked = torch.where(lab, batch.inputs, torch.zeros_like(batch.inputs))
+    for row_keys, row in zip(keys.tolist(), asked.tolist()):
+        assert sorted(t for t in row if t) == sorted(row_keys)    # every key exactly once
+    assert (batch.inputs[:, 2 * n:][~lab[:, 2 * n:]] == 0).all()
+
+
+def test_recall_layout_fill():
+    cfg = recall.Config(num_queries=recall.Config().seq_len - 2 * recall.Config().num_pairs)
     batch = recall.make_batch(cfg, 16, seed=0)
     _check_common(batch, "num_pairs")
     n, t, v = cfg.num_pairs, cfg.seq_len, cfg.vocab_size

@@ -47,7 +47,7 @@ def test_training_is_deterministic_on_cpu(tmp_path):
 
 
 def test_softmax_learns_default_recall_well_above_chance(tmp_path):
-    res = run(tmp_path, "task=recall", "model=softmax", "trainer.max_steps=300",
+    res = run(tmp_path, "task=recall", "model=softmax", "task.num_queries=56", "trainer.max_steps=500",
               "trainer.batch_size=32", "trainer.eval_every=100", "trainer.eval_examples=128",
               "trainer.warmup_steps=20")
     vocab_values = res["config"]["task.vocab_size"] // 2
