@@ -30,6 +30,7 @@ class TrainerConfig:
     eval_examples: int = 256           # held-out examples per evaluation setting
     target_accuracy: Optional[float] = 0.99   # early stop once every setting reaches it
     device: str = "auto"               # auto | cpu | cuda | cuda:N
+    threads: Optional[int] = None      # CPU threads of this run; None: torch's default (all cores)
     precision: str = "fp32"            # fp32 | bf16 (autocast on CUDA/CPU)
     compile: bool = False              # torch.compile the model
     data_chunk: int = 16               # training batches generated per vectorised call

@@ -72,6 +72,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     started = time.time()
     try:
         validate_config(cfg)
+        if cfg.trainer.threads:  # e.g. 1 per run when a launcher runs one run per core
+            import torch
+
+            torch.set_num_threads(cfg.trainer.threads)
         return dispatch(cfg, out_dir)
     except KeyboardInterrupt:
         raise

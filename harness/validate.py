@@ -43,7 +43,7 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"unknown mode '{cfg.mode}'; valid: {', '.join(MODES)}")
     tr = cfg.trainer
     _positive("trainer", tr, ("max_steps", "lr", "batch_size", "eval_every", "eval_examples",
-                              "data_chunk", "log_every", "measure_examples"))
+                              "data_chunk", "log_every", "measure_examples", "threads"))
     if tr.warmup_steps < 0:
         raise ValueError(f"trainer.warmup_steps must be >= 0, got {tr.warmup_steps}")
     if tr.precision not in PRECISIONS:
