@@ -43,6 +43,7 @@ class ModelConfig:
     rotary: Optional[bool] = None  # None: the model's default (off: softmax uses learned positions)
     pos_emb: Optional[str] = None  # none | learned; None: learned for softmax, none otherwise
     form: str = "chunk"  # training form of the linear families: chunk | parallel | recurrent
+    qk_dim: Optional[int] = None  # per-head width of q and k (None: d_model / n_heads); Based's feature_dim
     chunk_size: int = 64
     eps: float = 1e-6  # denominator floor of normalised kernel attention
     favor_features: Optional[int] = None  # None: the feature map's default m (about d ln d)
@@ -79,13 +80,15 @@ def validate(cfg: ModelConfig) -> None:
         bad(f"unknown pos_emb {cfg.pos_emb!r}; valid: {', '.join(POS_EMBS)}")
     if not cfg.eps > 0:
         bad(f"eps must be positive, got {cfg.eps!r}")
+    if cfg.qk_dim is not None and (not isinstance(cfg.qk_dim, int) or isinstance(cfg.qk_dim, bool) or cfg.qk_dim <= 0):
+        bad(f"qk_dim must be a positive integer or None, got {cfg.qk_dim!r}")
     if cfg.favor_features is not None and cfg.favor_features <= 0:
         bad(f"favor_features must be positive or None, got {cfg.favor_features!r}")
     if not 0.0 <= cfg.dropout < 1.0:
         bad(f"dropout must be in [0, 1), got {cfg.dropout!r}")
-    rotary = bool(cfg.rotary)
-    if rotary and (cfg.d_model // cfg.n_heads) % 2:
-        bad(f"rotary needs an even head dimension, got d_model/n_heads = {cfg.d_model // cfg.n_heads}")
+    d_qk = cfg.qk_dim or cfg.d_model // cfg.n_heads
+    if bool(cfg.rotary) and d_qk % 2:
+        bad(f"rotary needs an even q/k width, got {d_qk} (qk_dim, or d_model/n_heads)")
 
 
 class Block(nn.Module):
@@ -170,7 +173,8 @@ class LanguageModel(nn.Module):
 
     @property
     def d_key(self) -> int:
-        """Key dimension of one head's state: d_head, m for favor, 1 + d + d^2 for taylor."""
+        """Key dimension of one head's state: d_qk (d_head unless model.qk_dim), m for favor,
+        1 + d_qk + d_qk^2 for taylor."""
         return self.layers[0].mixer.d_key
 
     @property
@@ -182,7 +186,7 @@ class LanguageModel(nn.Module):
         plus the normaliser z for kernel attention); for softmax the KV cache at max_seq_len."""
         mixer = self.layers[0].mixer
         if mixer.family == "softmax":
-            return int(ops.kv_cache_elements(self.max_seq_len, self.d_head))
+            return int(ops.kv_cache_elements(self.max_seq_len, self.d_key, self.d_head))
         return int(ops.state_elements(mixer.family, self.d_key, self.d_head))
 
     def num_params(self, non_embedding: bool = False) -> int:

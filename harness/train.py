@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -153,7 +153,7 @@ def state_summary(model, task_seq_len: int) -> dict[str, Any]:
     d_head = cfg.d_model // cfg.n_heads
     per_head = model.state_elements_per_head()
     heads = cfg.n_heads * cfg.n_layers
-    kv = kv_cache_elements(task_seq_len, d_head)
+    kv = kv_cache_elements(task_seq_len, cfg.qk_dim or d_head, d_head)  # what softmax would cache
     bytes_per = 4
     if cfg.name == "softmax":
         per_head = kv
@@ -169,7 +169,12 @@ def _fmt_bytes(n: float) -> str:
     return f"{n} B"
 
 
-def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Train cfg's model on its task; write metrics and results into out_dir.
+
+    ``on_step(step)`` is called after each optimizer step (and the loop's logging), before any
+    evaluation: the loop benchmark times steps with it.
+    """
     from harness.model import LanguageModel
 
     started = time.time()
@@ -228,6 +233,8 @@ def train(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                 bar.set_postfix(loss=f"{avg:.3f}", acc=f"{last_eval.get('accuracy', 0):.3f}")
                 logger.log({"train/loss": avg, "train/lr": sched.get_last_lr()[0]}, step=step)
             bar.update(1)
+            if on_step is not None:
+                on_step(step)
             if step % tr.eval_every == 0 or step == tr.max_steps:
                 last_eval = evaluate(model, eval_sets, autocast)
                 eval_step = step

@@ -7,7 +7,7 @@ Random draws happen in a fixed order, so a (seed, split, device) triple fixes th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, NoReturn, TypeVar
 
 import torch
@@ -174,3 +174,14 @@ def empty_labels(batch: int, seq_len: int, device: torch.device) -> tuple[torch.
         return torch.full((batch, seq_len), value, dtype=torch.long, device=device)
 
     return full(IGNORE), full(NO_SLICE), full(NO_SLICE)
+
+
+def validate_settings(name: str, cfg, validate_setting: Callable, eval_settings: Callable) -> None:
+    """Validate the training setting of cfg and each of its evaluation settings (one per entry
+    of cfg.test_num_pairs): ``validate_setting(setting, where)`` raises with ``where`` ("" or
+    "test ") naming which one failed."""
+    for n in cfg.test_num_pairs:
+        check_int(name, "test_num_pairs entry", n)
+    validate_setting(cfg, "")
+    for setting in eval_settings(cfg):
+        validate_setting(setting, "test ")

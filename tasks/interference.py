@@ -44,7 +44,8 @@ from typing import Optional
 import torch
 
 from tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
-                        empty_labels, make_generator, permutation, require, sample_distinct)
+                        empty_labels, make_generator, permutation, require, sample_distinct,
+                        validate_settings)
 
 NAME = "interference"
 SLICE_NAME = "num_pairs"
@@ -112,11 +113,7 @@ def _validate_setting(cfg: Config, where: str) -> None:
 def validate(cfg: Config) -> None:
     """Raise ValueError (one line) unless the training and every evaluation setting is valid."""
     cfg = as_config(Config, cfg, NAME)
-    for n in cfg.test_num_pairs:
-        check_int(NAME, "test_num_pairs entry", n)
-    _validate_setting(cfg, "")
-    for setting in eval_settings(cfg):
-        _validate_setting(setting, "test ")
+    validate_settings(NAME, cfg, _validate_setting, eval_settings)
 
 
 def eval_settings(cfg: Config) -> list[Config]:

@@ -38,7 +38,8 @@ from typing import Optional
 import torch
 
 from tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
-                        empty_labels, make_generator, power_law_offsets, require, sample_distinct)
+                        empty_labels, make_generator, power_law_offsets, require, sample_distinct,
+                        validate_settings)
 
 NAME = "recall"
 SLICE_NAME = "num_pairs"
@@ -86,11 +87,7 @@ def validate(cfg: Config) -> None:
     cfg = as_config(Config, cfg, NAME)
     if cfg.test_seq_len is not None:
         check_int(NAME, "test_seq_len", cfg.test_seq_len)
-    for n in cfg.test_num_pairs:
-        check_int(NAME, "test_num_pairs entry", n)
-    _validate_setting(cfg, "")
-    for setting in eval_settings(cfg):
-        _validate_setting(setting, "test ")
+    validate_settings(NAME, cfg, _validate_setting, eval_settings)
 
 
 def eval_settings(cfg: Config) -> list[Config]:

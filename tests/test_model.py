@@ -23,6 +23,11 @@ VARIANTS = [
     dict(name="elu", short_conv=True, rotary=True),
     dict(name="softmax", rotary=False, norm="rmsnorm"),
     dict(name="favor", favor_features=12),
+    # q and k narrower than v (Based's feature_dim): every mixer's op takes Dk != Dv
+    dict(name="taylor", qk_dim=4),
+    dict(name="softmax", qk_dim=4, rotary=True),
+    dict(name="retnet", qk_dim=4),
+    dict(name="mamba", gate="per_dim", qk_dim=4),
 ]
 
 
@@ -43,6 +48,17 @@ def build(seed: int = 0, dtype=torch.float32, **kw) -> LanguageModel:
 def tokens(B: int = 2, T: int = 21, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (B, T), generator=g)
+
+
+def test_qk_dim_sets_the_key_side_of_the_state():
+    taylor, elu, soft = build(name="taylor", qk_dim=4), build(name="elu", qk_dim=4), build(name="softmax", qk_dim=4)
+    assert taylor.d_key == 1 + 4 + 16 and elu.d_key == 4 and taylor.d_head == 8
+    assert taylor.state_elements_per_head() == 21 * 8 + 21          # S (m x d_head) and z (m)
+    assert soft.state_elements_per_head() == MAX_T * (4 + 8)         # keys of 4, values of 8
+    with pytest.raises(ValueError, match="qk_dim must be a positive integer"):
+        build(name="elu", qk_dim=0)
+    with pytest.raises(ValueError, match="rotary needs an even q/k width"):
+        build(name="elu", qk_dim=3, rotary=True)
 
 
 def test_every_model_name_has_a_mixer():
@@ -223,7 +239,7 @@ def test_sequence_longer_than_max_raises():
         (dict(eps=0.0), "eps must be positive"),
         (dict(dropout=1.0), "dropout must be in"),
         (dict(favor_features=0), "favor_features must be positive"),
-        (dict(name="softmax", d_model=6, n_heads=2, rotary=True), "rotary needs an even head dimension"),
+        (dict(name="softmax", d_model=6, n_heads=2, rotary=True), "rotary needs an even q/k width"),
     ],
 )
 def test_validate_errors(change, message):

@@ -9,51 +9,15 @@ recurrent loop without checkpointing serve as controls that the measurement sees
 
 import pytest
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import harness.ops.decay as decay_module
 import harness.ops.scan as scan_module
 from harness import ops
+from harness.bench.memory import LiveMemory
 
 DK = DV = 32
 T1, T2 = 256, 512
 ITEM = 4  # float32
-
-
-class LiveMemory(TorchDispatchMode):
-    """Peak bytes of tensor storage allocated under the mode and alive at the same time."""
-
-    def __init__(self, baseline):
-        super().__init__()
-        self.known = {t.untyped_storage().data_ptr() for t in baseline}
-        self.live = {}
-        self.current = self.peak = self.largest = 0
-
-    def _collect(self):
-        for ptr, (ref, size) in list(self.live.items()):
-            if ref.expired():
-                del self.live[ptr]
-                self.current -= size
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                ptr = storage.data_ptr()
-                if ptr and ptr not in self.known and (ptr not in self.live or self.live[ptr][0].expired()):
-                    if ptr in self.live:  # freed, and its address reused
-                        self.current -= self.live[ptr][1]
-                    self.live[ptr] = (StorageWeakRef(storage), storage.nbytes())
-                    self.current += storage.nbytes()
-                    self.largest = max(self.largest, storage.nbytes())
-        if self.current > self.peak:
-            # `current` may still count freed storage: only a new peak is worth a full sweep.
-            self._collect()
-            self.peak = max(self.peak, self.current)
-        return out
 
 
 def measure(family, form, t, *, grad=True):
@@ -67,7 +31,7 @@ def measure(family, form, t, *, grad=True):
     for x in leaves:
         x.requires_grad_(grad)
     gout = torch.randn(1, 1, t, DV, generator=g)
-    with LiveMemory(leaves + [gout]) as mem:
+    with LiveMemory(leaves + [gout], exact=True) as mem:
         if family == "linear":
             o = ops.linear_attention(*leaves, form=form)
         else:

@@ -62,3 +62,23 @@ def test_checkpoint_reloads_into_the_same_model(tmp_path):
     mcfg = ModelConfig(**ckpt["config"]["model"])
     model = LanguageModel(mcfg, vocab_size=ckpt["config"]["task"]["vocab_size"], max_seq_len=64)
     model.load_state_dict(ckpt["model"])
+
+
+def test_on_step_is_called_once_per_step_in_order(tmp_path):
+    from harness.train import train
+
+    cfg = compose_config(["trainer=debug", "logger=none", "trainer.measure=false", f"out_dir={tmp_path}"])
+    steps = []
+    train(cfg, tmp_path, on_step=steps.append)
+    assert steps == list(range(1, cfg.trainer.max_steps + 1))
+
+
+def test_threads_option_sets_torch_threads_and_rejects_zero(tmp_path):
+    before = torch.get_num_threads()
+    try:
+        run(tmp_path / "a", "trainer.threads=1")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="trainer.threads must be positive"):
+        run(tmp_path / "b", "trainer.threads=0")

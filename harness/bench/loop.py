@@ -4,8 +4,8 @@ The real loop is harness.train.train itself, run on a composed configuration (th
 recall configuration unless told otherwise) with its progress bar, logging and metrics in
 place; only the evaluation is moved to the end (trainer.eval_every = max_steps) and the
 end-of-run measurements and checkpoint are off, as they are not training steps. Its steps
-are timed from inside: train() advances a progress bar once per step, and the bar is
-replaced by a clock that records when each step ends. On CUDA a recorded time is only
+are timed from inside: train() calls its on_step callback at the end of each step, which
+records the time. On CUDA a recorded time is only
 trusted right after the loop's own host sync (every trainer.log_every steps), so the window
 runs from one logging step to a later one.
 
@@ -26,37 +26,6 @@ from typing import Any
 import torch
 
 from harness.bench.timing import median, sync
-
-
-class _StepClock:
-    """Stands in for tqdm in harness.train: `update` stamps the end of a step."""
-
-    stamps: list[float] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def update(self, n: int = 1) -> None:
-        _StepClock.stamps.append(time.perf_counter())
-
-    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _clocked_train():
-    import harness.train as train_module
-
-    saved = train_module.tqdm
-    train_module.tqdm = _StepClock
-    _StepClock.stamps = []
-    try:
-        yield _StepClock.stamps
-    finally:
-        train_module.tqdm = saved
 
 
 def loop_config(overrides: list[str], steps: int, device: str, out_dir: Path):
@@ -87,8 +56,9 @@ def time_train_loop(cfg) -> float:
     from harness.train import select_device, train
 
     device = select_device(cfg.trainer.device)
-    with _clocked_train() as stamps, contextlib.redirect_stdout(io.StringIO()):  # train() reports its run
-        train(cfg, Path(cfg.out_dir))
+    stamps: list[float] = []
+    with contextlib.redirect_stdout(io.StringIO()):  # train() reports its run
+        train(cfg, Path(cfg.out_dir), on_step=lambda step: stamps.append(time.perf_counter()))
     tr = cfg.trainer
     skip = max(tr.data_chunk, min(tr.log_every, tr.max_steps // 4))  # first steps allocate and warm up
     steps, seconds = _window(stamps, tr.log_every, tr.data_chunk, device, skip)

@@ -18,17 +18,20 @@ from torch.utils._pytree import tree_leaves
 
 
 class LiveMemory(TorchDispatchMode):
-    """Peak bytes of tensor storage allocated under the mode and alive at the same time."""
+    """Peak bytes of tensor storage allocated under the mode and alive at the same time, and
+    the largest single storage. ``exact`` keeps the peak exact (a sweep at every new peak);
+    otherwise it is exact to within a margin of 1% (at least 64 KiB), which keeps token loops
+    with many operators cheap to follow."""
 
     MIN_MARGIN = 1 << 16  # bytes
     RELATIVE_MARGIN = 0.01
 
-    def __init__(self, existing: Iterable[torch.Tensor] = ()):
+    def __init__(self, existing: Iterable[torch.Tensor] = (), exact: bool = False):
         super().__init__()
-        self.margin = 0
+        self.margin, self.exact = 0, exact
         self.known = {t.untyped_storage().data_ptr() for t in existing}
         self.live: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.current = self.peak = 0
+        self.current = self.peak = self.largest = 0
 
     def _collect(self) -> None:
         for ptr, (ref, size) in list(self.live.items()):
@@ -49,6 +52,7 @@ class LiveMemory(TorchDispatchMode):
                         self.current -= self.live[ptr][1]
                     self.live[ptr] = (StorageWeakRef(storage), storage.nbytes())
                     self.current += storage.nbytes()
+                    self.largest = max(self.largest, storage.nbytes())
         if self.current > self.peak + self.margin:
             # `current` may still count freed storage: sweep only at a clear new peak. The sweep
             # walks every live storage, so sweeping at each small new peak would be quadratic in
@@ -56,7 +60,8 @@ class LiveMemory(TorchDispatchMode):
             self._collect()
             if self.current > self.peak:
                 self.peak = self.current
-                self.margin = max(self.MIN_MARGIN, int(self.RELATIVE_MARGIN * self.peak))
+                if not self.exact:
+                    self.margin = max(self.MIN_MARGIN, int(self.RELATIVE_MARGIN * self.peak))
         return out
 
 

@@ -190,26 +190,29 @@ class Mixer(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads = cfg.n_heads
-        self.d_head = cfg.d_model // cfg.n_heads
-        self.d_key = self.d_head
+        self.d_head = cfg.d_model // cfg.n_heads  # width of v and of the read-out
+        self.d_qk = cfg.qk_dim or self.d_head    # width of q and k before any feature map
+        self.d_key = self.d_qk                   # key side of the state (feature maps change it)
         self.hook_q_raw, self.hook_k_raw = HookPoint(), HookPoint()
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_out = HookPoint()
-        self.rotary = Rotary(self.d_head) if rotary_enabled(cfg) else None
-        self.qkv_proj = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.rotary = Rotary(self.d_qk) if rotary_enabled(cfg) else None
+        self.qkv_sizes = (self.n_heads * self.d_qk, self.n_heads * self.d_qk, cfg.d_model)
+        self.qkv_proj = nn.Linear(cfg.d_model, sum(self.qkv_sizes), bias=False)
         # The short convolution acts on q, k and v after their projection, each channel on its
         # own (Mamba-2's conv over xBC; fla's q/k/v convs). So k can be the previous token's key
         # while q stays the current token's: one layer can then write (key, value) pairs.
-        self.qkv_conv = ShortConv(3 * cfg.d_model, cfg.conv_size) if cfg.short_conv else None
+        self.qkv_conv = ShortConv(sum(self.qkv_sizes), cfg.conv_size) if cfg.short_conv else None
         if self.has_decay:
             self.hook_log_decay = HookPoint()
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of x (B, T, C), each (B, H, T, D): projected, then short-convolved if on."""
+        """q, k (B, H, T, d_qk) and v (B, H, T, d_head) of x (B, T, C): projected, then
+        short-convolved if on."""
         qkv = self.qkv_proj(x)
         if self.qkv_conv is not None:
             qkv = self.qkv_conv(qkv)
-        q, k, v = (split_heads(t, self.n_heads) for t in qkv.chunk(3, dim=-1))
+        q, k, v = (split_heads(t, self.n_heads) for t in qkv.split(self.qkv_sizes, dim=-1))
         return q, k, v
 
     def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:  # -> (B, H, T, T)

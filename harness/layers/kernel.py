@@ -35,14 +35,14 @@ class KernelAttention(Mixer):
         self.form, self.chunk_size, self.eps = cfg.form, cfg.chunk_size, cfg.eps
         self.redraw_each_step = cfg.name == "favor" and cfg.favor_redraw == "step"
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.input_scale = self.d_head**-0.25 if cfg.name in EXP_KERNELS else 1.0
+        self.input_scale = self.d_qk**-0.25 if cfg.name in EXP_KERNELS else 1.0
         m = cfg.favor_features if cfg.name == "favor" else None
         # FAVOR+ features differ between layers and are shared by the heads of one layer, as in
         # the Performer. They are a pure function of their seed, so the seed (which advances on
         # every redraw) is what the state_dict keeps.
         seed = FAVOR_SEED_STRIDE * layer_idx
-        self.phi = features.feature_map(FEATURES[cfg.name], self.d_head, m=m, seed=seed)
-        self.d_key = features.feature_dim(FEATURES[cfg.name], self.d_head, m=m)
+        self.phi = features.feature_map(FEATURES[cfg.name], self.d_qk, m=m, seed=seed)
+        self.d_key = features.feature_dim(FEATURES[cfg.name], self.d_qk, m=m)
         if cfg.name == "favor":
             self.register_buffer("favor_seed", torch.tensor(seed, dtype=torch.long))
             self.register_load_state_dict_post_hook(lambda module, keys: module.sync_favor_seed())

@@ -47,8 +47,8 @@ class GatedDecay(Mixer):
             self.A_log = nn.Parameter(torch.empty(H))
             self.hook_dt = HookPoint()  # (B, H, T): the write scale of each step, for N_eff
         else:  # "per_dim"
-            self.decay_proj = nn.Linear(C, C, bias=False)
-            self.decay_bias = nn.Parameter(torch.empty(C))
+            self.decay_proj = nn.Linear(C, H * self.d_qk, bias=False)  # one gate per key dimension
+            self.decay_bias = nn.Parameter(torch.empty(H * self.d_qk))
         self.reset_decay_parameters()
 
     @torch.no_grad()
@@ -71,7 +71,7 @@ class GatedDecay(Mixer):
             dt = F.softplus(self.dt_proj(x).to(dtype) + self.dt_bias.to(dtype)).transpose(1, 2)  # (B, H, T)
             A = -torch.exp(self.A_log.to(dtype))  # (H,)
             return dt * A[None, :, None], dt
-        g = F.logsigmoid(self.decay_proj(x).to(dtype) + self.decay_bias.to(dtype)) / GLA_GATE_TEMPERATURE  # (B, T, C)
+        g = F.logsigmoid(self.decay_proj(x).to(dtype) + self.decay_bias.to(dtype)) / GLA_GATE_TEMPERATURE  # (B, T, H d_qk)
         return split_heads(g, self.n_heads), None  # (B, H, T, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)

@@ -36,7 +36,7 @@ class Retention(Mixer):
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.norm = HeadNorm(self.n_heads, self.d_head, "layernorm")
         self.register_buffer("log_gamma", retnet_log_gammas(self.n_heads), persistent=False)  # (H,)
-        self.q_scale = 1.0 / math.sqrt(self.d_head)
+        self.q_scale = 1.0 / math.sqrt(self.d_qk)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         B, T, _ = x.shape

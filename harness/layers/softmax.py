@@ -20,7 +20,7 @@ class SoftmaxAttention(Mixer):
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__(cfg, layer_idx)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.scale = self.d_head**-0.5
+        self.scale = self.d_qk**-0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         q, k, v = self.project_qkv(x)  # (B, H, T, D)
