@@ -10,6 +10,12 @@ q, k, v (and log_decay) exactly as they were fed to the op; the mixer's own
 
 so that o_i = sum_j a_ij v_j reproduces the op's read-out (hook_out).
 
+The answer span. With the short convolution on v (width w), the value written at position t
+also reaches v_{t+1} ... v_{t+w-1}: a head may read the answer from any of them. So the
+"correct key" of a query is the span t ... t+w-1 (w = model.conv_size with model.short_conv,
+else 1): target_weight sums p over it, its rank is that of its largest weight, the signal is
+sum over the span of a_ij v_j, and the span's writes are the target's in N_eff.
+
 Sharpness is measured on the normalised magnitudes p_ij = |a_ij| / sum_{l<=i} |a_il| over the
 causal prefix (for softmax and positive feature maps p = a).
 
@@ -58,6 +64,13 @@ def _prefix_mask(positions: torch.Tensor, T: int) -> torch.Tensor:
     return torch.arange(T, device=positions.device) <= positions.unsqueeze(-1)
 
 
+def span_mask(target_pos: torch.Tensor, T: int, span: int = 1) -> torch.Tensor:
+    """(..., R, T) bool: j in [t, t + span - 1] for each row's target t (all False for t = -1)."""
+    j = torch.arange(T, device=target_pos.device)
+    t = target_pos.long().unsqueeze(-1)
+    return (t >= 0) & (j >= t) & (j < t + span)
+
+
 def _midranks(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """0-based ranks of x along the last dim among the valid entries, ties given their mean rank."""
     x = torch.where(valid, x, torch.full_like(x, math.inf))  # invalid entries rank above all valid ones
@@ -95,6 +108,7 @@ def sharpness(
     *,
     scores: Optional[torch.Tensor] = None,
     positions: Optional[torch.Tensor] = None,
+    span: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Per-row sharpness of causal attention weights.
 
@@ -103,7 +117,8 @@ def sharpness(
         ((R,) or (..., R) long). Signed or unnormalised weights are allowed: the distribution
         is p_ij = |a_ij| / sum_{l<=i} |a_il|.
     target_pos: (..., R) long, broadcastable to weights.shape[:-1]; the correct position of each
-        row, -1 for rows without one (then target_weight / target_rank are NaN).
+        row, -1 for rows without one (then target_weight / target_rank are NaN). With span > 1
+        the target is the span t ... t+span-1 (see the module docstring).
     scores: (..., R, T) raw scores q_i.k_j; gives monotonicity = Spearman correlation of the
         signed a_ij with the score over the prefix (1: weights order keys exactly as q.k does).
 
@@ -112,8 +127,9 @@ def sharpness(
       norm_entropy   H_i / log(i + 1)                      (NaN at i = 0)
       eff_support    exp(H_i)
       max_weight     max_j p_ij
-      target_weight  p_i,target
-      target_rank    1 + #{j: p_ij > p_it} + #{j != t: p_ij = p_it} / 2    (1 = the top weight)
+      target_weight  p_i,target (summed over the span)
+      target_rank    1 + #{j: p_ij > p_it} + #{j != t: p_ij = p_it} / 2    (1 = the top weight;
+                     p_it the span's largest weight, j outside the span)
       monotonicity   only when scores is given
     """
     R, T = weights.shape[-2:]
@@ -138,11 +154,15 @@ def sharpness(
     if target_pos is not None:
         tp = target_pos.to(w.device).long().expand(w.shape[:-1])  # (..., R)
         valid = (tp >= 0) & (tp <= positions)
-        pt = p.gather(-1, tp.clamp(0, T - 1).unsqueeze(-1))  # (..., R, 1)
-        greater = ((p > pt) & prefix).sum(-1)
-        ties = ((p == pt) & prefix).sum(-1) - 1
+        in_span = span_mask(tp, T, span) & prefix  # (..., R, T)
+        p0 = torch.nan_to_num(p, nan=0.0)
+        pt = torch.where(in_span, p0, torch.zeros_like(p0)).amax(-1, keepdim=True)  # (..., R, 1)
+        outside = prefix & ~in_span
+        greater = ((p > pt) & outside).sum(-1)
+        ties = ((p == pt) & outside).sum(-1)
         rank = 1.0 + greater.to(torch.float64) + ties.to(torch.float64) / 2
-        out["target_weight"] = torch.where(valid, pt.squeeze(-1), nan)
+        weight = torch.where(in_span, p, torch.zeros_like(p)).sum(-1)
+        out["target_weight"] = torch.where(valid, weight, nan)
         out["target_rank"] = torch.where(valid, rank, nan)
     if scores is not None:
         s = scores.to(device=w.device, dtype=torch.float64).expand(w.shape)
@@ -192,31 +212,32 @@ def decay_gain_sq(
     return g2
 
 
-def signal_noise(weights: torch.Tensor, v: torch.Tensor, target_pos: torch.Tensor):
-    """Split o_i = sum_j a_ij v_j into the target's term and the crosstalk.
+def signal_noise(weights: torch.Tensor, v: torch.Tensor, target_pos: torch.Tensor, span: int = 1):
+    """Split o_i = sum_j a_ij v_j into the target's term(s) and the crosstalk.
 
-    weights (..., R, T) rows of effective weights (all T rows or selected ones), v (..., T, Dv),
-    target_pos (..., R) (rows with -1 are returned as 0). Returns (|signal|^2, |noise|^2), each (..., R).
+    weights (..., R, T) rows of causal effective weights (all T rows or selected ones), v
+    (..., T, Dv), target_pos (..., R) (rows with -1 are returned as 0); the target's terms are
+    those of its span t ... t+span-1. Returns (|signal|^2, |noise|^2), each (..., R).
     """
     w, v = weights.to(torch.float64), v.to(torch.float64)
     tp = target_pos.long().expand(w.shape[:-1])  # (..., R)
-    idx = tp.clamp_min(0)
-    a_t = w.gather(-1, idx.unsqueeze(-1))  # (..., R, 1)
-    v_t = v.gather(-2, idx.unsqueeze(-1).expand(*idx.shape, v.shape[-1]))  # (..., R, Dv)
-    signal = a_t * v_t
+    on_target = torch.where(span_mask(tp, w.shape[-1], span), w, torch.zeros_like(w))
+    signal = on_target @ v  # (..., R, Dv)
     noise = w @ v - signal  # (..., R, Dv)
     keep = (tp >= 0).to(torch.float64)
     return signal.pow(2).sum(-1) * keep, noise.pow(2).sum(-1) * keep
 
 
-def crosstalk_mass(gain_sq: torch.Tensor, target_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum_{j<=i, j!=t} g_ij^2, g_it^2), each (..., R); zeros for rows without a target.
+def crosstalk_mass(gain_sq: torch.Tensor, target_pos: torch.Tensor, span: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_{j<=i, j!=t} g_ij^2, g_it^2), each (..., R); zeros for rows without a target. With
+    span > 1, t stands for the target's span (gain_sq must be zero above the diagonal).
+
 
     Their ratio is one read's N_eff (theory.crosstalk_pairs); the ratio of their sums over many
     reads is the N_eff of the ratio-of-means SNR (theory.aggregate_pairs).
     """
     tp = target_pos.long().expand(gain_sq.shape[:-1])
-    g_t = gain_sq.gather(-1, tp.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    g_t = torch.where(span_mask(tp, gain_sq.shape[-1], span), gain_sq, torch.zeros_like(gain_sq)).sum(-1)
     keep = tp >= 0
     zero = torch.zeros_like(g_t)
     return torch.where(keep, gain_sq.sum(-1) - g_t, zero), torch.where(keep, g_t, zero)
@@ -237,7 +258,8 @@ def _field(batch, name: str):
     return batch[name] if isinstance(batch, dict) else getattr(batch, name)
 
 
-def _layer_stats(mixer, cache: dict, layer: int, target_pos: torch.Tensor, query: torch.Tensor) -> dict:
+def _layer_stats(mixer, cache: dict, layer: int, target_pos: torch.Tensor, query: torch.Tensor,
+                 span: int = 1) -> dict:
     """Per-row statistics of one layer, each (B, H, T) float64 on the CPU (NaN / 0 off the queries)."""
     hook = lambda name: cache.get(f"layers.{layer}.mixer.{name}")  # noqa: E731
     q, k, v, log_decay = hook("hook_q"), hook("hook_k"), hook("hook_v"), hook("hook_log_decay")
@@ -257,12 +279,12 @@ def _layer_stats(mixer, cache: dict, layer: int, target_pos: torch.Tensor, query
         a = weights[:, dev]  # (H, R, T)
         tp = target_pos[b, pos].to(weights.device).expand(H, -1)  # (H, R)
         scores = q_raw[b][:, dev].to(torch.float64) @ k_raw[b].to(torch.float64).transpose(-1, -2)  # (H, R, T)
-        found = sharpness(a, tp, scores=scores, positions=dev)
-        found["sig2"], found["noise2"] = signal_noise(a, v[b], tp)
+        found = sharpness(a, tp, scores=scores, positions=dev, span=span)
+        found["sig2"], found["noise2"] = signal_noise(a, v[b], tp, span)
         ld = None if ld is None else ld[0]  # (H, T) or (H, T, Dk)
         g2 = decay_gain_sq(ld, T, per_dim=ld is not None and ld.dim() == 3, positions=dev,
                            write_scale=None if dt is None else dt[b], device=weights.device)  # (H, R, T)
-        found["other2"], found["target2"] = crosstalk_mass(g2.expand(H, -1, -1), tp)
+        found["other2"], found["target2"] = crosstalk_mass(g2.expand(H, -1, -1), tp, span)
         for name, value in found.items():
             stats[name][b][:, pos] = value.cpu()
     return stats
@@ -279,6 +301,12 @@ def _aggregate(stats: dict, h: int, sel: torch.Tensor, d_key: int) -> dict:
 
 
 @torch.no_grad()
+def answer_span(model) -> int:
+    """Positions whose v carries a written value: the short convolution's width, else 1."""
+    cfg = model.cfg
+    return int(cfg.conv_size) if cfg.short_conv else 1
+
+
 def measure_model(model, batch, *, max_examples: int = 16) -> dict:
     """Sharpness and SNR of every layer and head of `model` on a task batch.
 
@@ -309,8 +337,9 @@ def measure_model(model, batch, *, max_examples: int = 16) -> dict:
 
     values = sorted(int(x) for x in torch.unique(slice_value[query]).tolist())
     heads, best = [], None
+    span = answer_span(model)
     for layer, mixer in enumerate(model.mixers()):
-        stats = _layer_stats(mixer, cache, layer, target_pos, query)
+        stats = _layer_stats(mixer, cache, layer, target_pos, query, span)
         for h in range(mixer.n_heads):
             for value in values:
                 agg = _aggregate(stats, h, query & (slice_value == value), model.d_key)

@@ -10,6 +10,8 @@ from scipy.stats import spearmanr
 
 from harness.hooks import capture
 from harness.measure import (
+    answer_span,
+    crosstalk_mass,
     decay_gain_sq,
     effective_count,
     measure_model,
@@ -185,7 +187,7 @@ def test_measure_model_tables(name):
         assert list(r) == keys and r["slice"] == "num_pairs"
         for k in keys[4:]:
             assert math.isfinite(r[k]), (k, r)
-        assert 0 < r["target_weight"] <= r["max_weight"] <= 1
+        assert 0 < r["target_weight"] <= 1 and r["max_weight"] <= 1  # the span's sum may pass the max
         assert 1 <= r["target_rank"] and 1 <= r["eff_support"] <= 24
     s = out["summary"]
     assert {"target_weight", "entropy", "snr_measured", "snr_predicted"} <= set(s)
@@ -198,6 +200,22 @@ def test_measure_model_tables(name):
     assert s["target_weight"] == pytest.approx(pooled[best])
 
 
+def test_answer_span_counts_the_positions_the_conv_spreads_a_value_over():
+    """Row i=4 with target t=1: weights 0.1, 0.2, 0.4, 0.05, 0.25 on positions 0..4."""
+    w = torch.tensor([[0.1, 0.2, 0.4, 0.05, 0.25]], dtype=torch.float64)
+    v = torch.eye(5, dtype=torch.float64)  # o = w, so the split is readable
+    tp, pos = torch.tensor([1]), torch.tensor([4])
+    one = sharpness(w, tp, positions=pos)
+    two = sharpness(w, tp, positions=pos, span=2)
+    assert one["target_weight"].item() == pytest.approx(0.2) and one["target_rank"].item() == 3
+    assert two["target_weight"].item() == pytest.approx(0.6) and two["target_rank"].item() == 1
+    sig, noise = signal_noise(w, v, tp, span=2)
+    assert sig.item() == pytest.approx(0.2**2 + 0.4**2) and noise.item() == pytest.approx(0.1**2 + 0.05**2 + 0.25**2)
+    other, target = crosstalk_mass(torch.ones(1, 5, dtype=torch.float64), tp, span=3)
+    assert target.item() == 3 and other.item() == 2
+    assert answer_span(tiny_model("elu")) == tiny_model("elu").cfg.conv_size
+
+
 def test_measure_model_without_queries():
     batch = recall_batch()
     batch.target_pos[:] = -1
@@ -206,8 +224,9 @@ def test_measure_model_without_queries():
 
 
 def test_predicted_snr_without_decay_counts_positions():
-    """Undecayed mixers: N_eff = number of other positions in the prefix, SNR = sqrt(d_key / mean N_eff)."""
-    model = tiny_model("elu")
+    """Undecayed mixers: N_eff = number of other positions in the prefix, SNR = sqrt(d_key / mean N_eff)
+    (without the short convolution, so that the answer span is the one position t)."""
+    model = tiny_model("elu", short_conv=False)
     batch = recall_batch()
     out = measure_model(model, batch)
     rows = [r for r in out["heads"] if r["value"] == 4]
