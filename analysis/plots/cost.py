@@ -11,8 +11,8 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.plots.common import (figure, legend_outside, loglog_slope, new_figure, note, palette,
-                                   require, table)
+from analysis.plots.common import (figure, legend_outside, log2_axis, loglog_slope, new_figure, note,
+                                   palette, require, table)
 from analysis.plots.reference import favor_features, state_sizes
 
 PASS_LABELS = {"fwd": "forward", "fwdbwd": "forward + backward"}
@@ -64,6 +64,9 @@ def cost_slopes(rows: pd.DataFrame) -> pd.DataFrame:
             .rename("slope").reset_index())
 
 
+FORM_STYLES = {"parallel": ("o", ""), "chunk": ("s", (1, 1)), "recurrent": ("X", (4, 1.5))}
+
+
 @figure("cost")
 def cost_figure(data) -> Figure:
     """Time against sequence length per family and form, one panel per pass, log-log,
@@ -73,18 +76,25 @@ def cost_figure(data) -> Figure:
         sorted(set(rows["pass"]) - set(PASS_LABELS))
     families = sorted(rows["family"].unique())
     colors = palette(families)
+    # One form, one line style in every panel (seaborn would map styles per panel, in the
+    # order the forms appear there, and the shared legend would then mislabel a panel).
+    forms = [f for f in FORM_STYLES if f in set(rows["form"])] + sorted(set(rows["form"]) - set(FORM_STYLES))
+    markers = {f: FORM_STYLES.get(f, ("o", ""))[0] for f in forms}
+    dashes = {f: FORM_STYLES.get(f, ("o", ""))[1] for f in forms}
     fig, axes = new_figure(1, len(passes), panel=(3.6, 3.2), legend=1.4, sharey=True)
     for ax, pass_ in zip(axes, passes):
         part = rows[rows["pass"] == pass_]
         sns.lineplot(part, x="seq_len", y="time_s", hue="family", hue_order=list(colors),
-                     palette=colors, style="form", markers=True, dashes=True, errorbar=None, ax=ax)
+                     palette=colors, style="form", style_order=forms, markers=markers, dashes=dashes,
+                     errorbar=None, ax=ax)
         x0 = float(part["seq_len"].min())
         y0 = float(part.loc[part["seq_len"] == x0, "time_s"].median())
         x = np.geomspace(x0, float(part["seq_len"].max()), 20)
         ax.plot(x, y0 * (x / x0), color="0.5", lw=0.9, ls=(0, (4, 2)))
         ax.plot(x, y0 * (x / x0) ** 2, color="0.5", lw=0.9, ls=(0, (1, 1.5)))
-        ax.set(xscale="log", yscale="log", xlabel="sequence length n (tokens)",
+        ax.set(yscale="log", xlabel="sequence length n (tokens)",
                ylabel="time per call (s)", title=PASS_LABELS.get(pass_, pass_))
+        log2_axis(ax, part["seq_len"])
     refs = [Line2D([], [], color="0.5", ls=(0, (4, 2))), Line2D([], [], color="0.5", ls=(0, (1, 1.5)))]
     legend_outside(fig, axes[0], refs, ["∝ n (reference)", "∝ n² (reference)"])
     fig.suptitle("Measured cost of each form")

@@ -14,9 +14,9 @@ from analysis.plots.common import (MissingData, figure, legend_outside, log2_axi
                                    new_figure, palette, retrieval_heads, table)
 
 # (column, axis label), the first column present wins for each panel.
-ENTROPY = (("norm_entropy", "normalised entropy H / log(prefix) (1 = uniform)"),
+ENTROPY = (("norm_entropy", "entropy H / log(prefix)  (1 = uniform)"),
            ("entropy", "attention entropy H (nats)"))
-TARGET = (("target_weight", "weight on the answer span (fraction)"),)
+TARGET = (("target_weight", "weight on the answer span"),)
 SLICE_LABELS = {"num_pairs": "N (stored pairs)", "distance": "key-query distance (tokens)"}
 
 
@@ -74,6 +74,6 @@ def sharpness_figure(data) -> Figure:
                      palette=colors, marker="o", errorbar="se", ax=ax)
         log2_axis(ax, part["value"])
         ax.set(ylim=(0, 1.05), xlabel=SLICE_LABELS.get(slice_name, str(slice_name)),
-               ylabel="weight on the answer span (fraction)", title=which)
+               ylabel="weight on the answer span", title=which)
         legend_outside(fig, ax)
     return fig
