@@ -16,7 +16,7 @@ from analysis.plots.common import (MissingData, figure, legend_outside, log2_axi
 # (column, axis label), the first column present wins for each panel.
 ENTROPY = (("norm_entropy", "entropy H / log(prefix)  (1 = uniform)"),
            ("entropy", "attention entropy H (nats)"))
-TARGET = (("target_weight", "weight on the answer span"),)
+TARGET = (("target_weight", "weight on answer span (fraction)"),)
 SLICE_LABELS = {"num_pairs": "N (stored pairs)", "distance": "key-query distance (tokens)"}
 
 
@@ -74,6 +74,6 @@ def sharpness_figure(data) -> Figure:
                      palette=colors, marker="o", errorbar="se", ax=ax)
         log2_axis(ax, part["value"])
         ax.set(ylim=(0, 1.05), xlabel=SLICE_LABELS.get(slice_name, str(slice_name)),
-               ylabel="weight on the answer span", title=which)
+               ylabel="weight on answer span (fraction)", title=which)
         legend_outside(fig, ax)
     return fig
