@@ -254,3 +254,21 @@ def test_validate_errors(change, message):
 def test_default_config_is_valid():
     validate(ModelConfig())
     assert ModelConfig().name == "elu"
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_short_conv_matches_conv1d_and_is_causal(size):
+    from harness.layers import ShortConv
+
+    torch.manual_seed(0)
+    conv = ShortConv(6, size).double()
+    x = torch.randn(3, 9, 6, dtype=torch.float64, requires_grad=True)
+    y, ref = conv(x), conv.reference(x)
+    assert torch.allclose(y, ref, atol=1e-12)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, conv.conv.weight, conv.conv.bias), g)
+    ref_grads = torch.autograd.grad(ref, (x, conv.conv.weight, conv.conv.bias), g)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(grads, ref_grads))
+    x2 = x.detach().clone()
+    x2[:, 5] += 1.0  # a change at t = 5 moves nothing before it
+    assert torch.equal(conv(x2)[:, :5], conv(x.detach())[:, :5])
