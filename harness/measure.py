@@ -232,7 +232,6 @@ def crosstalk_mass(gain_sq: torch.Tensor, target_pos: torch.Tensor, span: int = 
     """(sum_{j<=i, j!=t} g_ij^2, g_it^2), each (..., R); zeros for rows without a target. With
     span > 1, t stands for the target's span (gain_sq must be zero above the diagonal).
 
-
     Their ratio is one read's N_eff (theory.crosstalk_pairs); the ratio of their sums over many
     reads is the N_eff of the ratio-of-means SNR (theory.aggregate_pairs).
     """
@@ -300,13 +299,13 @@ def _aggregate(stats: dict, h: int, sel: torch.Tensor, d_key: int) -> dict:
     return out
 
 
-@torch.no_grad()
 def answer_span(model) -> int:
     """Positions whose v carries a written value: the short convolution's width, else 1."""
     cfg = model.cfg
     return int(cfg.conv_size) if cfg.short_conv else 1
 
 
+@torch.no_grad()
 def measure_model(model, batch, *, max_examples: int = 16) -> dict:
     """Sharpness and SNR of every layer and head of `model` on a task batch.
 

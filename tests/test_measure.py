@@ -216,6 +216,16 @@ def test_answer_span_counts_the_positions_the_conv_spreads_a_value_over():
     assert answer_span(tiny_model("elu")) == tiny_model("elu").cfg.conv_size
 
 
+def test_measure_model_runs_without_autograd():
+    model = tiny_model("elu")
+    seen = []
+    mixer = model.mixers()[0]
+    inner = mixer.effective_weights
+    mixer.effective_weights = lambda *args: (seen.append(torch.is_grad_enabled()), inner(*args))[1]
+    measure_model(model, recall_batch(), max_examples=2)
+    assert seen and not any(seen)
+
+
 def test_measure_model_without_queries():
     batch = recall_batch()
     batch.target_pos[:] = -1
