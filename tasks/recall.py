@@ -21,9 +21,9 @@ distinct offsets s from the end of the pairs drawn with p(s) ∝ (s+1)^(power_a-
 power law: short gaps dominate at power_a=0.01), and the other positions hold the filler 0.
 `num_queries = seq_len - 2N` fills every position after the pairs with a query: more labels
 per example, but for a linear state each query is also a write (the key before it paired with
-this key), so N pairs compete with T - 2N such writes and normalised kernels stall near 1/N. Which key each query
-asks is balanced: with Q <= N the queried keys are distinct; with Q > N each key is asked
-floor(Q/N) or ceil(Q/N) times, in random order. Values never reappear after the pairs, so
+this key), so N pairs compete with T - 2N such writes and normalised kernels stall near 1/N.
+Which key each query asks is balanced: with Q <= N the queried keys are distinct; with Q > N
+each key is asked floor(Q/N) or ceil(Q/N) times, in random order. Values never reappear after the pairs, so
 target_pos is the only place the answer can be read from.
 
 Evaluation: `eval_settings` gives one setting per entry of `test_num_pairs` at `test_seq_len`
@@ -74,12 +74,10 @@ def _validate_setting(cfg: Config, where: str) -> None:
                          f"[{v // 2}, {v}) of vocab_size={v} ({values} values); raise vocab_size")
     if cfg.num_queries is not None:
         check_int(NAME, "num_queries", cfg.num_queries)
-        require(2 * n + cfg.num_queries <= t,
-                f"{NAME}: 2*num_pairs + num_queries = {2 * n + cfg.num_queries} exceeds "
-                f"{where}seq_len={t}")
-    else:
-        require(2 * n < t, f"{NAME}: 2*num_pairs = {2 * n} leaves no room for a query in "
-                           f"{where}seq_len={t}")
+    q = _num_queries(cfg)
+    default = " (num_queries defaults to num_pairs)" if cfg.num_queries is None else ""
+    require(2 * n + q <= t, f"{NAME}: 2*num_pairs + num_queries = {2 * n + q} exceeds "
+                            f"{where}seq_len={t}{default}")
 
 
 def validate(cfg: Config) -> None:

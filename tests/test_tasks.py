@@ -185,14 +185,15 @@ def test_recall_eval_settings_and_max_len():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(num_pairs=30, num_queries=8), r"2\*num_pairs \+ num_queries = 68 exceeds seq_len=64"),
-    (dict(num_pairs=32), r"2\*num_pairs = 64 leaves no room for a query"),
+    (dict(num_pairs=32), r"2\*num_pairs \+ num_queries = 96 exceeds seq_len=64 \(num_queries defaults"),
+    (dict(num_pairs=25), r"2\*num_pairs \+ num_queries = 75 exceeds seq_len=64"),  # room for pairs, not queries
     (dict(vocab_size=16, num_pairs=8), r"num_pairs=8 distinct keys do not fit in the key half"),
     (dict(num_pairs=0), r"num_pairs must be >= 1"),
     (dict(seq_len=-1), r"seq_len must be >= 1"),
     (dict(num_queries=0), r"num_queries must be >= 1"),
     (dict(power_a=0.0), r"power_a must be > 0"),
-    (dict(test_num_pairs=[4, 40]), r"test num_pairs=40 distinct|2\*num_pairs = 80"),
-    (dict(test_seq_len=8), r"leaves no room for a query in test seq_len=8"),
+    (dict(test_num_pairs=[4, 40]), r"test num_pairs=40 distinct|2\*num_pairs \+ num_queries = 120 exceeds test seq_len=64"),
+    (dict(test_seq_len=8), r"num_queries = 12 exceeds test seq_len=8"),
     (dict(num_pairs=2.5), r"num_pairs must be an integer"),
 ])
 def test_recall_validation(kwargs, message):
