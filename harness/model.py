@@ -16,7 +16,7 @@ from torch import nn
 from harness import ops
 from harness.hooks import HookPoint
 from harness.layers import MLP, Mixer, build_mixer, make_norm
-from harness.layers.common import NORMS
+from harness.layers.common import NORMS, qk_width
 
 MODEL_NAMES = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
 FORMS = ("chunk", "parallel", "recurrent")
@@ -86,7 +86,7 @@ def validate(cfg: ModelConfig) -> None:
         bad(f"favor_features must be positive or None, got {cfg.favor_features!r}")
     if not 0.0 <= cfg.dropout < 1.0:
         bad(f"dropout must be in [0, 1), got {cfg.dropout!r}")
-    d_qk = cfg.qk_dim or cfg.d_model // cfg.n_heads
+    d_qk = qk_width(cfg)
     if bool(cfg.rotary) and d_qk % 2:
         bad(f"rotary needs an even q/k width, got {d_qk} (qk_dim, or d_model/n_heads)")
 

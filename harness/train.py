@@ -147,13 +147,14 @@ def _measure(model, eval_sets: list[EvalSet], examples: int) -> dict[str, Any]:
 
 
 def state_summary(model, task_seq_len: int) -> dict[str, Any]:
+    from harness.layers.common import qk_width
     from harness.ops import kv_cache_elements
 
     cfg = model.cfg
     d_head = cfg.d_model // cfg.n_heads
     per_head = model.state_elements_per_head()
     heads = cfg.n_heads * cfg.n_layers
-    kv = kv_cache_elements(task_seq_len, cfg.qk_dim or d_head, d_head)  # what softmax would cache
+    kv = kv_cache_elements(task_seq_len, qk_width(cfg), d_head)  # what softmax would cache
     bytes_per = 4
     if cfg.name == "softmax":
         per_head = kv

@@ -87,6 +87,11 @@ class HeadNorm(nn.Module):
 # has no learned absolute positions, and this keeps float64 runs exact.
 
 
+def qk_width(cfg) -> int:
+    """Per-head width of q and k: cfg.qk_dim, else that of v (d_model / n_heads)."""
+    return cfg.qk_dim or cfg.d_model // cfg.n_heads
+
+
 def rotary_enabled(cfg) -> bool:
     """cfg.rotary; off when None (softmax takes learned absolute positions by default)."""
     return bool(cfg.rotary)
@@ -203,7 +208,7 @@ class Mixer(nn.Module):
         self.layer_idx = layer_idx
         self.n_heads = cfg.n_heads
         self.d_head = cfg.d_model // cfg.n_heads  # width of v and of the read-out
-        self.d_qk = cfg.qk_dim or self.d_head    # width of q and k before any feature map
+        self.d_qk = qk_width(cfg)                # width of q and k before any feature map
         self.d_key = self.d_qk                   # key side of the state (feature maps change it)
         self.hook_q_raw, self.hook_k_raw = HookPoint(), HookPoint()
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
