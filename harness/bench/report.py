@@ -135,42 +135,45 @@ def _ratio(x: float) -> str:
     return f"{x:.3g}" if x < 1000 else f"{x:.2g}".replace("e+0", "e").replace("e+", "e")
 
 
+def _grid(title: str, keys, lens, width: int, cell, keep_empty: bool) -> list[str]:
+    """A titled table: one row per (family, form, C) of keys, one column of `width` per length;
+    cell(family, form, C, length) is the text or None ('-'). Rows of only '-' are dropped
+    unless keep_empty."""
+    head = f"{'family':<14}{'form':<10}{'C':>4} " + "".join(f"{t:>{width}}" for t in lens)
+    lines = ["", title, head, "-" * len(head)]
+    for fam, form, c in keys:
+        texts = [cell(fam, form, c, t) for t in lens]
+        if keep_empty or any(x is not None for x in texts):
+            lines.append(f"{fam:<14}{form:<10}{(c or ''):>4} " + "".join(f"{x or '-':>{width}}" for x in texts))
+    return lines
+
+
 def format_tables(rows: list[dict], gemm_rate: float) -> str:
     lens = sorted({r["seq_len"] for r in rows})
     keys = sorted({(r["family"], r["form"], r["chunk_size"] or 0) for r in rows},
                   key=lambda k: (["softmax", "linear", "decay_scalar", "decay_per_dim"].index(k[0]), k[1], k[2]))
     by = {(r["family"], r["form"], r["chunk_size"] or 0, r["seq_len"], r["pass"]): r for r in rows}
+
+    def ok(r):
+        return r if r is not None and r["status"] == "ok" else None
+
     lines = [f"GEMM {gemm_rate / 1e9:.1f} GFLOP/s (1024^3 float32); cells: time in ms / limit ratio; '-' not run"]
     for pass_, title in (("fwd", "forward"), ("fwdbwd", "forward + backward")):
-        lines.append("")
-        lines.append(f"{title}")
-        head = f"{'family':<14}{'form':<10}{'C':>4} " + "".join(f"{t:>16}" for t in lens)
-        lines.append(head)
-        lines.append("-" * len(head))
-        for fam, form, c in keys:
-            cells = []
-            for t in lens:
-                r = by.get((fam, form, c, t, pass_))
-                if r is None or r["status"] != "ok":
-                    cells.append(f"{'-':>16}")
-                else:
-                    cells.append(f"{_ms(r['time_s']) + ' /' + _ratio(r['limit_ratio']):>16}")
-            if any(cell.strip() != "-" for cell in cells):
-                lines.append(f"{fam:<14}{form:<10}{(c or ''):>4} " + "".join(cells))
+        def timing(fam, form, c, t, pass_=pass_):
+            r = ok(by.get((fam, form, c, t, pass_)))
+            return None if r is None else _ms(r["time_s"]) + " /" + _ratio(r["limit_ratio"])
+
+        lines += _grid(title, keys, lens, 16, timing, keep_empty=False)
     if not any(r.get("peak_mem_bytes") for r in rows):
         return "\n".join(lines)
-    lines.append("")
-    lines.append("peak memory (MB), forward + backward (forward only where there is no backward)")
-    head = f"{'family':<14}{'form':<10}{'C':>4} " + "".join(f"{t:>10}" for t in lens)
-    lines.append(head)
-    lines.append("-" * len(head))
-    for fam, form, c in keys:
-        cells = []
-        for t in lens:
-            r = by.get((fam, form, c, t, "fwdbwd")) or by.get((fam, form, c, t, "fwd"))
-            m = None if r is None or r["status"] != "ok" else r.get("peak_mem_bytes")
-            cells.append(f"{(format(m / 2**20, '.1f') if m is not None else '-'):>10}")
-        lines.append(f"{fam:<14}{form:<10}{(c or ''):>4} " + "".join(cells))
+
+    def memory(fam, form, c, t):
+        r = ok(by.get((fam, form, c, t, "fwdbwd")) or by.get((fam, form, c, t, "fwd")))
+        m = None if r is None else r.get("peak_mem_bytes")
+        return None if m is None else format(m / 2**20, ".1f")
+
+    lines += _grid("peak memory (MB), forward + backward (forward only where there is no backward)",
+                   keys, lens, 10, memory, keep_empty=True)
     return "\n".join(lines)
 
 
