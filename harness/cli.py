@@ -3,11 +3,13 @@
 Hydra reports composition errors over several lines and a stack-trace hint. A researcher who
 misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
 model is built, so a single run is first composed here with Hydra's compose API and any error
-is turned into one line (exit code 2). Sweeps (`-m`) skip the pre-check: each job validates
-itself, and a failing job is recorded without stopping the others.
+is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. Sweeps
+(`-m`) skip the pre-check: each job validates itself, and a failing job is recorded without
+stopping the others.
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -46,22 +48,38 @@ def _one_line_compose_error(exc: BaseException, overrides: list[str]) -> str:
         key = bad.group(1)
         if "not in" in detail or "Key '" in detail and "not in" in text:
             return f"unknown key '{key}'; valid keys here: {', '.join(_sibling_keys(key, overrides))}"
-        return f"bad value for '{key}': {detail or text.splitlines()[0]}"
+        return f"bad value for '{key}': {_readable_type_error(detail) or text.splitlines()[0]}"
     if "not in" in text and "Key '" in text:
         key = re.search(r"full_key: (\S+)", text)
         return f"unknown key '{key.group(1) if key else '?'}'"
     return text.strip().splitlines()[0]
 
 
+# OmegaConf's wording of a value its node type refuses, and the words a user reads instead.
+_TYPE_ERROR = re.compile(r"Value '(.*)' (?:of type '\w+' could not be converted to (\w+)"
+                         r"|is not a valid (bool))")
+_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "bool": "true or false"}
+
+
+def _readable_type_error(detail: str) -> str:
+    """OmegaConf's "Value 'abc' of type 'str' could not be converted to Integer" as
+    "must be an integer, got 'abc'"; any other detail unchanged."""
+    match = _TYPE_ERROR.match(detail)
+    if not match:
+        return detail
+    wanted = match.group(2) or match.group(3)
+    return f"must be {_TYPE_WORDS.get(wanted, wanted)}, got '{match.group(1)}'"
+
+
 def _sibling_keys(key: str, overrides: list[str]) -> list[str]:
     """Valid keys beside a misspelled one, from the config composed without it."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from omegaconf import DictConfig
 
+    # compose_config has initialised Hydra for this process; a second initialize would raise.
     rest = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(key)]
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=rest)
+        cfg = compose(config_name="config", overrides=rest)
     except Exception:
         return []
     node = cfg
@@ -108,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             compose_config(overrides)
         except ValueError as exc:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise  # Hydra's own switch for the full traceback, honoured here too
             print(f"harness: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
 

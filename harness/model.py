@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from harness import ops
+from harness import checks, ops
 from harness.hooks import HookPoint
 from harness.layers import MLP, Mixer, build_mixer, make_norm
 from harness.layers.common import NORMS, qk_width
@@ -52,43 +52,33 @@ class ModelConfig:
     dropout: float = 0.0
     norm: str = "layernorm"  # block norms: layernorm | rmsnorm
     tie_embeddings: bool = False  # share the input embedding with the output head
+    decay: Optional[float] = None  # retnet: one gamma in (0, 1) for all heads; None: 1 - 2^(-5-h)
 
 
 def validate(cfg: ModelConfig) -> None:
-    """Raise ValueError with one clear line if cfg cannot build a model."""
-
-    def bad(msg: str) -> None:
-        raise ValueError(f"model config: {msg}")
-
-    if cfg.name not in MODEL_NAMES:
-        bad(f"unknown model name {cfg.name!r}; valid: {', '.join(MODEL_NAMES)}")
+    """Raise ValueError with one line naming the `model.<field>` at fault if cfg cannot build a model."""
+    checks.choice("model.name", cfg.name, MODEL_NAMES)
     for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size"):
-        value = getattr(cfg, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            bad(f"{field} must be a positive integer, got {value!r}")
+        checks.integer(f"model.{field}", getattr(cfg, field))
+    checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
+    checks.integer("model.favor_features", cfg.favor_features, nullable=True)
     if cfg.d_model % cfg.n_heads:
-        bad(f"d_model ({cfg.d_model}) must be divisible by n_heads ({cfg.n_heads})")
-    if cfg.form not in FORMS:
-        bad(f"unknown form {cfg.form!r}; valid: {', '.join(FORMS)}")
-    if cfg.gate not in GATES:
-        bad(f"unknown gate {cfg.gate!r}; valid: {', '.join(GATES)}")
-    if cfg.favor_redraw not in FAVOR_REDRAW:
-        bad(f"unknown favor_redraw {cfg.favor_redraw!r}; valid: {', '.join(FAVOR_REDRAW)}")
-    if cfg.norm not in NORMS:
-        bad(f"unknown norm {cfg.norm!r}; valid: {', '.join(NORMS)}")
-    if cfg.pos_emb is not None and cfg.pos_emb not in POS_EMBS:
-        bad(f"unknown pos_emb {cfg.pos_emb!r}; valid: {', '.join(POS_EMBS)}")
-    if not cfg.eps > 0:
-        bad(f"eps must be positive, got {cfg.eps!r}")
-    if cfg.qk_dim is not None and (not isinstance(cfg.qk_dim, int) or isinstance(cfg.qk_dim, bool) or cfg.qk_dim <= 0):
-        bad(f"qk_dim must be a positive integer or None, got {cfg.qk_dim!r}")
-    if cfg.favor_features is not None and cfg.favor_features <= 0:
-        bad(f"favor_features must be positive or None, got {cfg.favor_features!r}")
-    if not 0.0 <= cfg.dropout < 1.0:
-        bad(f"dropout must be in [0, 1), got {cfg.dropout!r}")
+        checks.fail("model.n_heads", f"a divisor of model.d_model={cfg.d_model}", cfg.n_heads)
+    checks.choice("model.form", cfg.form, FORMS)
+    checks.choice("model.gate", cfg.gate, GATES)
+    checks.choice("model.favor_redraw", cfg.favor_redraw, FAVOR_REDRAW)
+    checks.choice("model.norm", cfg.norm, NORMS)
+    checks.choice("model.pos_emb", cfg.pos_emb, POS_EMBS, nullable=True)
+    for field in ("short_conv", "tie_embeddings"):
+        checks.boolean(f"model.{field}", getattr(cfg, field))
+    checks.boolean("model.rotary", cfg.rotary, nullable=True)
+    checks.number("model.eps", cfg.eps, "(0, inf)")
+    checks.number("model.dropout", cfg.dropout, "[0, 1)")
+    checks.number("model.decay", cfg.decay, "(0, 1)", nullable=True)  # log(decay) must be finite and < 0
     d_qk = qk_width(cfg)
-    if bool(cfg.rotary) and d_qk % 2:
-        bad(f"rotary needs an even q/k width, got {d_qk} (qk_dim, or d_model/n_heads)")
+    checks.require(not (cfg.rotary and d_qk % 2),
+                   f"model.rotary=true needs an even q/k width (model.qk_dim, or "
+                   f"model.d_model/model.n_heads), got {d_qk}")
 
 
 class Block(nn.Module):

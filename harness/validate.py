@@ -1,18 +1,30 @@
 """Semantic checks on a composed config: the errors Hydra's types cannot express.
 
-Each check raises ValueError with one readable line, before any model is built.
+Every key a user can set is checked here (or, for `model.*` and `task.*`, by the model's and
+the task's own validate) before any data is generated or model built. Each check raises
+ValueError with one readable line naming the key, the value and what is allowed.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import MODES
+from harness import checks
+from harness.config import (MODES, Config, CostConfig, LoggerConfig, ProbeConfig, SweepConfig,
+                            TrainerConfig, task_schema)
+from harness.model import ModelConfig
+from harness.model import validate as validate_model
 
 PRECISIONS = ("fp32", "bf16")
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
+COST_FORMS = ("parallel", "chunk", "recurrent")
+# wandb refuses these characters in a project name, and longer names or tags, but only at init.
+WANDB_FORBIDDEN = "/\\#?%:"
+WANDB_NAME_LEN, WANDB_TAG_LEN = 128, 64
+SEED_MAX = 2**63 - 1  # torch.manual_seed and the task streams take a signed 64-bit seed
 
 
 def task_config(task: DictConfig):
@@ -25,45 +37,107 @@ def task_config(task: DictConfig):
     return module, module.Config(**{k: v for k, v in values.items() if k in names})
 
 
-def model_config(model: DictConfig):
-    from harness.model import ModelConfig
-
+def model_config(model: DictConfig) -> ModelConfig:
     return ModelConfig(**OmegaConf.to_container(model, resolve=True))
 
 
-def _positive(section: str, node: DictConfig, keys: tuple[str, ...]) -> None:
-    for key in keys:
-        value = node.get(key)
-        if value is not None and value <= 0:
-            raise ValueError(f"{section}.{key} must be positive, got {value}")
+def _fields(schema: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(schema)}
+
+
+def _check_keys(c: dict) -> None:
+    """Exactly the schemas' keys, and every group chosen."""
+    checks.schema_keys("", c, _fields(Config))
+    task = c["task"]
+    task_fields = _fields(task_schema(task["name"])) if isinstance(task, dict) else set()
+    schemas = {"task": task_fields, "model": _fields(ModelConfig), "trainer": _fields(TrainerConfig),
+               "logger": _fields(LoggerConfig), "probe": _fields(ProbeConfig),
+               "cost": _fields(CostConfig), "sweep": _fields(SweepConfig)}
+    for section, fields in schemas.items():
+        checks.schema_keys(f"{section}.", c[section], fields)
+
+
+def _check_trainer(tr: dict) -> None:
+    for key in ("max_steps", "batch_size", "eval_every", "eval_examples", "data_chunk",
+                "log_every", "measure_examples"):
+        checks.integer(f"trainer.{key}", tr[key])
+    checks.integer("trainer.warmup_steps", tr["warmup_steps"], minimum=0)
+    checks.integer("trainer.threads", tr["threads"], nullable=True)
+    checks.integer("trainer.ckpt_every", tr["ckpt_every"], nullable=True)
+    checks.number("trainer.lr", tr["lr"], "(0, inf)")
+    checks.number("trainer.weight_decay", tr["weight_decay"], "[0, inf)")
+    checks.number("trainer.min_lr_ratio", tr["min_lr_ratio"], "[0, 1]")
+    checks.number("trainer.grad_clip", tr["grad_clip"], "[0, inf)")  # 0 turns clipping off
+    checks.number("trainer.target_accuracy", tr["target_accuracy"], "(0, 1]", nullable=True)
+    for key in ("compile", "progress", "checkpoint", "measure"):
+        checks.boolean(f"trainer.{key}", tr[key])
+    checks.choice("trainer.precision", tr["precision"], PRECISIONS)
+    _check_device(tr["device"])
+    # trainer.resume is not checked here: only reading its run directory tells if it resumes.
+
+
+def _check_device(spec: object) -> None:
+    """Only the spelling: whether CUDA is there is known at train time (train.select_device)."""
+    if not (isinstance(spec, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", spec)):
+        checks.fail("trainer.device", "auto, cpu, cuda or cuda:N", spec)
+
+
+def _check_logger(lg: dict) -> None:
+    checks.choice("logger.name", lg["name"], LOGGERS)
+    checks.choice("logger.mode", lg["mode"], WANDB_MODES)
+    checks.text("logger.project", lg["project"], max_len=WANDB_NAME_LEN, forbidden=WANDB_FORBIDDEN)
+    checks.text("logger.entity", lg["entity"], nullable=True)
+    checks.text("logger.group", lg["group"], max_len=WANDB_NAME_LEN, nullable=True)
+    if not isinstance(lg["tags"], list):
+        checks.fail("logger.tags", "a list of strings", lg["tags"])
+    for tag in lg["tags"]:
+        checks.text("logger.tags entry", tag, max_len=WANDB_TAG_LEN)
+
+
+def _check_probe(pr: dict) -> None:
+    # The probe's read-out needs two sizes and two candidates to compare (harness.probe.probe_row).
+    checks.int_list("probe.d", pr["d"], minimum=2)
+    checks.int_list("probe.n", pr["n"], minimum=2, nullable=True)
+    checks.integer("probe.candidates", pr["candidates"], minimum=2)
+    checks.integer("probe.max_queries", pr["max_queries"])
+    checks.integer("probe.seed", pr["seed"], minimum=0, maximum=SEED_MAX)
+
+
+def _check_cost(co: dict) -> None:
+    checks.int_list("cost.seq_lens", co["seq_lens"])
+    checks.choice_list("cost.forms", co["forms"], COST_FORMS)
+    for key in ("batch_size", "n_heads", "head_dim", "repeats", "recurrent_max_len"):
+        checks.integer(f"cost.{key}", co[key])
+
+
+def _check_cost_family(cfg: DictConfig) -> None:
+    """mode=cost times only the forms the model's family has (softmax has no chunk form)."""
+    from harness.bench.cases import FORMS
+    from harness.cost_run import model_family
+
+    family, _ = model_family(cfg.model, cfg.cost.head_dim)
+    forms = list(cfg.cost.forms)
+    checks.require(any(f in FORMS[family] for f in forms),
+                   f"cost.forms={forms} has no form of model={cfg.model.name} "
+                   f"(the {family} family has {', '.join(FORMS[family])})")
 
 
 def validate_config(cfg: DictConfig) -> None:
-    if cfg.mode not in MODES:
-        raise ValueError(f"unknown mode '{cfg.mode}'; valid: {', '.join(MODES)}")
-    tr = cfg.trainer
-    _positive("trainer", tr, ("max_steps", "lr", "batch_size", "eval_every", "eval_examples",
-                              "data_chunk", "log_every", "measure_examples", "threads"))
-    if tr.warmup_steps < 0:
-        raise ValueError(f"trainer.warmup_steps must be >= 0, got {tr.warmup_steps}")
-    if tr.precision not in PRECISIONS:
-        raise ValueError(f"unknown trainer.precision '{tr.precision}'; valid: {', '.join(PRECISIONS)}")
-    if tr.target_accuracy is not None and not 0 < tr.target_accuracy <= 1:
-        raise ValueError(f"trainer.target_accuracy must be in (0, 1], got {tr.target_accuracy}")
-    if cfg.logger.name not in LOGGERS:
-        raise ValueError(f"unknown logger.name '{cfg.logger.name}'; valid: {', '.join(LOGGERS)}")
-    if cfg.logger.mode not in WANDB_MODES:
-        raise ValueError(f"unknown logger.mode '{cfg.logger.mode}'; valid: {', '.join(WANDB_MODES)}")
-    _positive("probe", cfg.probe, ("candidates", "max_queries"))
-    for key in ("d", "n"):
-        if key == "n" and cfg.probe.n is None:
-            continue
-        if not cfg.probe[key] or min(cfg.probe[key]) <= 0:
-            raise ValueError(f"probe.{key} must be a non-empty list of positive sizes")
-    from harness.model import validate as validate_model
+    c = OmegaConf.to_container(cfg, resolve=True)  # plain values: lists, not ListConfigs
+    _check_keys(c)
+    checks.choice("mode", c["mode"], MODES)
+    checks.integer("seed", c["seed"], minimum=0, maximum=SEED_MAX)
+    _check_trainer(c["trainer"])
+    _check_logger(c["logger"])
+    _check_probe(c["probe"])
+    _check_cost(c["cost"])
+    for key in ("skip_completed", "fail_on_error"):
+        checks.boolean(f"sweep.{key}", c["sweep"][key])
 
     validate_model(model_config(cfg.model))
     module, tcfg = task_config(cfg.task)
     module.validate(tcfg)
     for setting in module.eval_settings(tcfg):
         module.validate(setting)
+    if c["mode"] == "cost":
+        _check_cost_family(cfg)

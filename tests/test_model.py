@@ -55,9 +55,9 @@ def test_qk_dim_sets_the_key_side_of_the_state():
     assert taylor.d_key == 1 + 4 + 16 and elu.d_key == 4 and taylor.d_head == 8
     assert taylor.state_elements_per_head() == 21 * 8 + 21          # S (m x d_head) and z (m)
     assert soft.state_elements_per_head() == MAX_T * (4 + 8)         # keys of 4, values of 8
-    with pytest.raises(ValueError, match="qk_dim must be a positive integer"):
+    with pytest.raises(ValueError, match="model.qk_dim must be a positive integer or null, got 0"):
         build(name="elu", qk_dim=0)
-    with pytest.raises(ValueError, match="rotary needs an even q/k width"):
+    with pytest.raises(ValueError, match="model.rotary=true needs an even q/k width"):
         build(name="elu", qk_dim=3, rotary=True)
 
 
@@ -186,6 +186,16 @@ def test_decay_initialisation():
     assert torch.allclose(gammas, 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64)))
 
 
+def test_retnet_decay_sets_one_gamma_for_every_head():
+    def log_gamma(**kw) -> torch.Tensor:  # the float64 buffer, before any .to(dtype)
+        model = LanguageModel(tiny(name="retnet", n_heads=4, **kw), VOCAB, MAX_T)
+        return model.layers[0].mixer.log_gamma
+
+    assert torch.equal(log_gamma(decay=0.9), torch.full((4,), math.log(0.9), dtype=torch.float64))
+    h = torch.arange(4, dtype=torch.float64)
+    assert torch.allclose(log_gamma(), torch.log1p(-(2.0 ** (-5 - h))))
+
+
 def test_rotary_is_opt_in_and_softmax_defaults_to_learned_positions():
     assert build(name="softmax").layers[0].mixer.rotary is None
     assert build(name="softmax").pos_embed is not None
@@ -227,19 +237,22 @@ def test_sequence_longer_than_max_raises():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(name="gpt"), "unknown model name 'gpt'; valid: softmax, linear"),
-        (dict(d_model=30, n_heads=4), "divisible by n_heads"),
-        (dict(d_model=0), "d_model must be a positive integer"),
-        (dict(n_layers=-1), "n_layers must be a positive integer"),
-        (dict(chunk_size=0), "chunk_size must be a positive integer"),
-        (dict(form="blocked"), "unknown form 'blocked'"),
-        (dict(name="mamba", gate="vector"), "unknown gate 'vector'"),
-        (dict(favor_redraw="epoch"), "unknown favor_redraw"),
-        (dict(norm="batchnorm"), "unknown norm"),
-        (dict(eps=0.0), "eps must be positive"),
-        (dict(dropout=1.0), "dropout must be in"),
-        (dict(favor_features=0), "favor_features must be positive"),
-        (dict(name="softmax", d_model=6, n_heads=2, rotary=True), "rotary needs an even q/k width"),
+        (dict(name="gpt"), "unknown model.name 'gpt'; valid: softmax, linear"),
+        (dict(d_model=30, n_heads=4), r"model.n_heads must be a divisor of model.d_model=30, got 4"),
+        (dict(d_model=0), "model.d_model must be a positive integer, got 0"),
+        (dict(n_layers=-1), "model.n_layers must be a positive integer"),
+        (dict(chunk_size=0), "model.chunk_size must be a positive integer"),
+        (dict(form="blocked"), "unknown model.form 'blocked'"),
+        (dict(name="mamba", gate="vector"), "unknown model.gate 'vector'"),
+        (dict(favor_redraw="epoch"), "unknown model.favor_redraw"),
+        (dict(norm="batchnorm"), "unknown model.norm"),
+        (dict(eps=0.0), "model.eps must be a positive number"),
+        (dict(dropout=1.0), r"model.dropout must be a number in \[0, 1\)"),
+        (dict(favor_features=0), "model.favor_features must be a positive integer or null"),
+        (dict(decay=1.0), r"model.decay must be a number in \(0, 1\) or null, got 1.0"),
+        (dict(decay=0.0), "model.decay must be a number in"),
+        (dict(short_conv="yes"), "model.short_conv must be true or false"),
+        (dict(name="softmax", d_model=6, n_heads=2, rotary=True), "model.rotary=true needs an even q/k"),
     ],
 )
 def test_validate_errors(change, message):

@@ -1,8 +1,9 @@
 """Retention (RetNet): multi-scale constant decay, no denominator.
 
 S_t = gamma_h S_{t-1} + k_t v_t^T, o_t = q_t^T S_t with gamma_h = 1 - 2^(-5-h) for head h, so
-the heads see exponentially different horizons (1/(1-gamma): 32, 64, 128, ... tokens). q is
-scaled by d_head^-1/2; the read-out goes through a per-head group norm, a swish gate and an
+the heads see exponentially different horizons (1/(1-gamma): 32, 64, 128, ... tokens);
+`model.decay` instead gives every head the same gamma, one horizon to sweep. q is scaled by
+d_head^-1/2; the read-out goes through a per-head group norm, a swish gate and an
 output projection (Sun et al. 2023).
 """
 
@@ -18,8 +19,10 @@ from harness import ops
 from harness.layers.common import HeadNorm, Mixer, merge_heads, register
 
 
-def retnet_log_gammas(n_heads: int) -> torch.Tensor:
-    """log gamma_h, gamma_h = 1 - 2^(-5-h), h = 0..H-1; computed in float64."""
+def retnet_log_gammas(n_heads: int, decay: float | None = None) -> torch.Tensor:
+    """log gamma_h, h = 0..H-1, in float64: gamma_h = 1 - 2^(-5-h), or `decay` for every head."""
+    if decay is not None:
+        return torch.full((n_heads,), math.log(decay), dtype=torch.float64)  # (H,)
     h = torch.arange(n_heads, dtype=torch.float64)
     return torch.log1p(-torch.pow(2.0, -5.0 - h))  # (H,)
 
@@ -35,7 +38,8 @@ class Retention(Mixer):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.norm = HeadNorm(self.n_heads, self.d_head, "layernorm")
-        self.register_buffer("log_gamma", retnet_log_gammas(self.n_heads), persistent=False)  # (H,)
+        self.register_buffer("log_gamma", retnet_log_gammas(self.n_heads, cfg.decay),
+                             persistent=False)  # (H,)
         self.q_scale = 1.0 / math.sqrt(self.d_qk)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
