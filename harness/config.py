@@ -36,7 +36,9 @@ class TrainerConfig:
     data_chunk: int = 16               # training batches generated per vectorised call
     log_every: int = 25                # progress-bar refresh (the only host sync in the loop)
     progress: bool = True
-    checkpoint: bool = True
+    checkpoint: bool = True            # keep the final weights as model.pt
+    ckpt_every: Optional[int] = 500    # resumable checkpoint every this many steps (None: never)
+    resume: Optional[str] = None       # a run directory to continue from its last checkpoint
     measure: bool = True               # mechanistic measurements at the end of training
     measure_examples: int = 64
 

@@ -13,16 +13,19 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
+
+from harness.errors import OutputError
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.jsonl"
 # Keys that say where or how loudly a run happens, not what it computes: they do not enter
 # the config hash, so a rerun of a sweep with another output folder still finds its results.
-_HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "logger.", "sweep.")
+_HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
+                 "trainer.resume", "logger.", "sweep.")
 
 
 def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -41,9 +44,20 @@ def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
     return out
 
 
+# Keys added after results were first written: at their default (None) they stay out of the
+# hash, so existing results keep their hash and a rerun of their sweep still finds them.
+_HASH_IF_SET = ("model.decay",)
+
+
+def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
+    """The flat config entries that say what a run computes (those the hash covers)."""
+    return {k: v for k, v in flat.items()
+            if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)
+            and not (k in _HASH_IF_SET and v is None)}
+
+
 def config_hash(cfg: DictConfig | dict) -> str:
-    flat = {k: v for k, v in flat_config(cfg).items()
-            if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)}
+    flat = hashed_items(flat_config(cfg))
     blob = json.dumps(flat, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
@@ -98,12 +112,34 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` then rename tmp onto path: readers (and a rerun after SIGKILL) see
+    the old file or the new one, never half of one. An OSError (unwritable directory, full
+    disk) leaves no temporary file behind and becomes an OutputError naming the file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        with open(tmp, "rb") as f:  # on disk before the rename, so a crash cannot expose a hole
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Atomic write: a killed run never leaves a half-written results.json behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def read_results(run_dir: Path) -> dict[str, Any] | None:
@@ -128,12 +164,29 @@ def base_results(cfg: DictConfig, mode: str) -> dict[str, Any]:
     }
 
 
-class MetricsLog:
-    """metrics.jsonl: one JSON line per evaluation, flushed as it is written."""
+def _row_step(line: str) -> int | None:
+    """The step of a metrics.jsonl row; None for a line cut short by a killed process."""
+    try:
+        return int(json.loads(line)["step"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
 
-    def __init__(self, path: Path):
+
+class MetricsLog:
+    """metrics.jsonl: one JSON line per evaluation, flushed as it is written.
+
+    ``resume_step``: continue a resumed run's file, keeping the rows up to that step (those
+    written after its checkpoint are computed again, identically)."""
+
+    def __init__(self, path: Path, resume_step: int | None = None):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "w")
+        if resume_step is None or not path.exists():
+            self._file = open(path, "w")
+            return
+        kept = [line for line in path.read_text().splitlines()
+                if _row_step(line) is not None and _row_step(line) <= resume_step]
+        write_text(path, "".join(line + "\n" for line in kept))
+        self._file = open(path, "a")
 
     def write(self, row: dict[str, Any]) -> None:
         self._file.write(json.dumps(_clean(row)) + "\n")

@@ -5,6 +5,7 @@ sweep goes on; `harness.sweep.SweepSummary` reports what failed and why at the e
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -13,8 +14,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.results import (RESULTS_FILE, base_results, config_hash, read_results,
-                             write_json)
+from harness.errors import OutputError, RunError
+from harness.results import (RESULTS_FILE, base_results, config_hash, read_results, write_json,
+                             write_text)
 
 
 def _hydra_context() -> tuple[Path | None, bool, Path | None]:
@@ -55,11 +57,45 @@ def dispatch(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     raise ValueError(f"unknown mode '{cfg.mode}'")
 
 
+def _output_dir(cfg: DictConfig, run_dir: Path | None) -> Path:
+    """Where this run writes: `trainer.resume`, else `out_dir`, else Hydra's run directory;
+    created and written to (config.yaml) before any work, so a bad place fails first."""
+    from harness.checkpoint import find_resume, resume_dir
+
+    out_dir = resume_dir(cfg) or (Path(cfg.out_dir) if cfg.out_dir else (run_dir or Path("outputs/run")))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the output directory {out_dir}: {exc.strerror or exc}") from exc
+    if cfg.mode == "train":
+        find_resume(cfg, out_dir)  # a checkpoint of another config there is refused untouched
+    write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    return out_dir
+
+
+def _fail_in_one_line(exc: BaseException) -> bool:
+    """Bad input (ValueError) and run errors print one line; HYDRA_FULL_ERROR=1 shows everything."""
+    return isinstance(exc, (ValueError, RunError)) and os.environ.get("HYDRA_FULL_ERROR") != "1"
+
+
+def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool) -> dict[str, Any]:
+    """A failed job: in a sweep, report it and let the sweep go on; alone, exit non-zero with
+    one line (2 for bad input, 1 for a run error), or re-raise anything unexpected."""
+    if multirun and not cfg.sweep.fail_on_error:
+        print(f"[harness] run failed ({type(exc).__name__}: {exc}); sweep continues", file=sys.stderr)
+        return {"status": "failed", "error": str(exc)}
+    if _fail_in_one_line(exc):
+        print(f"harness: error: {exc}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(exc, ValueError) else 1) from None
+    raise exc
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     run_dir, multirun, sweep_dir = _hydra_context()
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else (run_dir or Path("outputs/run"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out_dir / "config.yaml", resolve=True)
+    try:
+        out_dir = _output_dir(cfg, run_dir)
+    except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
+        return _give_up(exc, cfg, multirun)
 
     if multirun and cfg.sweep.skip_completed and sweep_dir is not None:
         done = find_completed(sweep_dir, config_hash(cfg))
@@ -82,13 +118,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     except Exception as exc:
         failure = base_results(cfg, cfg.mode)
         failure.update(status="failed", error=f"{type(exc).__name__}: {exc}",
-                       traceback=traceback.format_exc(), wall_time_s=time.time() - started)
-        write_json(out_dir / RESULTS_FILE, failure)
-        if multirun and not cfg.sweep.fail_on_error:
-            print(f"[harness] run failed ({type(exc).__name__}: {exc}); sweep continues",
-                  file=sys.stderr)
-            return {"status": "failed", "error": str(exc)}
-        if isinstance(exc, ValueError):
-            print(f"harness: error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
-        raise
+                       traceback=traceback.format_exc(), wall_time_s=time.time() - started,
+                       **getattr(exc, "record", {}))
+        try:
+            write_json(out_dir / RESULTS_FILE, failure)
+        except OutputError as lost:  # e.g. the disk is full: the reason still reaches the user
+            print(f"[harness] {lost}", file=sys.stderr)
+        return _give_up(exc, cfg, multirun)

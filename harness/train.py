@@ -8,11 +8,12 @@ bar refreshes, so the hot loop has no other host-device sync.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -59,16 +60,17 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
 
 
-def train_batches(module, tcfg, tr, seed: int, device: torch.device) -> Iterator[Any]:
-    """Endless training batches, `data_chunk` of them per vectorised generator call."""
-    chunk = 0
+def train_batches(module, tcfg, tr, seed: int, device: torch.device, start: int = 0) -> Iterator[Any]:
+    """Endless training batches from batch ``start`` on, `data_chunk` of them per vectorised
+    generator call. Batch i depends on (seed, i) alone, so a resumed run gets the same data."""
+    chunk, skip = divmod(start, tr.data_chunk)
     while True:
         big = module.make_batch(tcfg, tr.batch_size * tr.data_chunk,
                                 seed=seed * 1_000_003 + chunk, device=device, split="train")
-        for i in range(tr.data_chunk):
+        for i in range(skip, tr.data_chunk):
             sl = slice(i * tr.batch_size, (i + 1) * tr.batch_size)
             yield big.inputs[sl], big.targets[sl]
-        chunk += 1
+        chunk, skip = chunk + 1, 0
 
 
 @dataclass
@@ -170,12 +172,52 @@ def _fmt_bytes(n: float) -> str:
     return f"{n} B"
 
 
+@dataclass
+class LoopState:
+    """What the training loop carries from step to step besides the model and optimiser."""
+    step: int = 0
+    running: Optional[torch.Tensor] = None   # summed loss since the last progress refresh
+    last_loss: float = float("nan")
+    last_eval: dict[str, Any] = field(default_factory=dict)
+    eval_step: int = -1
+    elapsed_s: float = 0.0                   # wall time before this process (a resumed run)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _checkpoint_payload(cfg, model, opt, sched, loop: LoopState, logger) -> dict[str, Any]:
+    from harness import checkpoint
+    from harness.results import config_hash
+
+    return {"format": checkpoint.FORMAT, "step": loop.step, "config_hash": config_hash(cfg),
+            "config": flat_config(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(), "loop": loop.as_dict(),
+            "logger_id": None}
+
+
+def _restore(saved: dict[str, Any], model, opt, sched) -> LoopState:
+    from harness import checkpoint
+
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])  # moves the moments onto the parameters' device
+    sched.load_state_dict(saved["scheduler"])
+    checkpoint.set_rng_state(saved["rng"])
+    loop = LoopState(**saved["loop"])
+    loop.running = loop.running.to(next(model.parameters()).device)
+    return loop
+
+
 def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Train cfg's model on its task; write metrics and results into out_dir.
 
-    ``on_step(step)`` is called after each optimizer step (and the loop's logging), before any
-    evaluation: the loop benchmark times steps with it.
+    A checkpoint (`checkpoint.pt`) is written every `trainer.ckpt_every` steps; if out_dir
+    already holds one of this configuration, training continues from it and ends exactly as
+    an uninterrupted run would. ``on_step(step)`` is called after each optimizer step (and the
+    loop's logging), before any evaluation: the loop benchmark times steps with it.
     """
+    from harness import checkpoint
+    from harness.faults import FaultWatch, NumericalFault
     from harness.model import LanguageModel
 
     started = time.time()
@@ -186,70 +228,80 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         torch.use_deterministic_algorithms(True, warn_only=True)
     module, tcfg = task_config(cfg.task)
     mcfg = model_config(cfg.model)
+    saved = checkpoint.find_resume(cfg, out_dir)
     eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)
     max_len = max(es.seq_len for es in eval_sets)
     train_len = module.make_batch(tcfg, 1, seed=0, device=device).inputs.shape[1]
     model = LanguageModel(mcfg, vocab_size=tcfg.vocab_size,
                           max_seq_len=max(max_len, train_len)).to(device)
+    watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
     opt = build_optimizer(model, tr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tr))
     autocast = _autocast_factory(device, tr.precision)
+    loop = LoopState(running=torch.zeros((), device=device))
+    if saved is not None:
+        loop = _restore(saved, model, opt, sched)
+        started -= loop.elapsed_s
+        print(f"[harness] resuming from {out_dir / checkpoint.CHECKPOINT_FILE} at step {loop.step}")
+    ckpt_path = out_dir / checkpoint.CHECKPOINT_FILE
+    ckpt_step = loop.step if saved is not None else None
 
     from harness.wandb_logger import make_logger
 
     flat = flat_config(cfg)
     logger = make_logger(cfg.logger, flat, out_dir, name=f"{cfg.task.name}-{mcfg.name}")
-    metrics = MetricsLog(out_dir / METRICS_FILE)
+    metrics = MetricsLog(out_dir / METRICS_FILE, resume_step=ckpt_step)
     results = base_results(cfg, "train")
     failed = True
     try:
-        batches = train_batches(module, tcfg, tr, cfg.seed, device)
-        bar = tqdm(total=tr.max_steps, desc=f"{cfg.task.name}/{mcfg.name}", disable=not tr.progress,
-                   dynamic_ncols=True, leave=True)
-        running = torch.zeros((), device=device)
-        last_eval: dict[str, Any] = {}
-        last_loss = float("nan")
-        eval_step = -1
-        step = 0
+        batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
+        bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{mcfg.name}",
+                   disable=not tr.progress, dynamic_ncols=True, leave=True)
         stopped_early = False
-        while step < tr.max_steps:
+        while loop.step < tr.max_steps:
             inputs, targets = next(batches)
-            with autocast():
+            with watch.forward_pass(), autocast():
                 loss = lm_loss(step_model(inputs), targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if tr.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+            loop.step += 1
+            step = loop.step
+            watch.clip_and_record(step, loss, tr.grad_clip)
             opt.step()
             sched.step()
-            running += loss.detach()
-            step += 1
+            loop.running += loss.detach()
             if step % tr.log_every == 0 or step == tr.max_steps:
-                avg = (running / (step % tr.log_every or tr.log_every)).item()
-                running.zero_()
-                if not math.isfinite(avg):
-                    raise FloatingPointError(f"training loss became {avg} at step {step}")
-                last_loss = avg
-                bar.set_postfix(loss=f"{avg:.3f}", acc=f"{last_eval.get('accuracy', 0):.3f}")
-                logger.log({"train/loss": avg, "train/lr": sched.get_last_lr()[0]}, step=step)
+                watch.check()  # reads the loss back anyway: the fault check rides on that sync
+                loop.last_loss = (loop.running / (step % tr.log_every or tr.log_every)).item()
+                loop.running.zero_()
+                bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval.get('accuracy', 0):.3f}")
+                logger.log({"train/loss": loop.last_loss, "train/lr": sched.get_last_lr()[0]}, step=step)
             bar.update(1)
             if on_step is not None:
                 on_step(step)
             if step % tr.eval_every == 0 or step == tr.max_steps:
-                last_eval = evaluate(model, eval_sets, autocast)
-                eval_step = step
+                watch.check()
+                loop.last_eval = evaluate(model, eval_sets, autocast)
+                loop.eval_step = step
                 row = {"step": step, "time_s": time.time() - started,
-                       "accuracy": last_eval["accuracy"], "loss": last_eval["loss"],
-                       **{f"accuracy/{p['name']}": p["accuracy"] for p in last_eval["settings"]}}
+                       "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
+                       **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}}
                 metrics.write(row)
                 logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
-                bar.set_postfix(loss=f"{last_loss:.3f}", acc=f"{last_eval['accuracy']:.3f}")
-                if tr.target_accuracy is not None and last_eval["min_accuracy"] >= tr.target_accuracy:
+                bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval['accuracy']:.3f}")
+                if tr.target_accuracy is not None and loop.last_eval["min_accuracy"] >= tr.target_accuracy:
                     stopped_early = step < tr.max_steps
                     break
+            if tr.ckpt_every and step % tr.ckpt_every == 0 and step < tr.max_steps:
+                watch.check()  # only a clean state is saved: the last checkpoint is always good
+                loop.elapsed_s = time.time() - started
+                checkpoint.save(ckpt_path, _checkpoint_payload(cfg, model, opt, sched, loop, logger))
+                ckpt_step = step
         bar.close()
-        if eval_step != step:
+        watch.check()
+        step, last_eval = loop.step, loop.last_eval
+        if loop.eval_step != step:
             last_eval = evaluate(model, eval_sets, autocast)
         summary: dict[str, Any] = {
             "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
@@ -267,12 +319,16 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         results["summary"] = summary
         results["env"] = env_info(str(device))
         if tr.checkpoint:
-            torch.save({"model": model.state_dict(),
-                        "config": OmegaConf.to_container(cfg, resolve=True)},
-                       out_dir / "model.pt")
+            checkpoint.save(out_dir / "model.pt", {"model": model.state_dict(),
+                                                   "config": OmegaConf.to_container(cfg, resolve=True)})
         write_json(out_dir / RESULTS_FILE, results)
+        ckpt_path.unlink(missing_ok=True)  # finished: model.pt and results.json replace it
         logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
         failed = False
+    except NumericalFault as fault:
+        fault.record["checkpoint"] = ({"path": str(ckpt_path), "step": ckpt_step}
+                                      if ckpt_step is not None else None)
+        raise
     finally:
         metrics.close()
         logger.finish(failed=failed)

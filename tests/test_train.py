@@ -80,5 +80,5 @@ def test_threads_option_sets_torch_threads_and_rejects_zero(tmp_path):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
-    with pytest.raises(ValueError, match="trainer.threads must be positive"):
+    with pytest.raises(ValueError, match="trainer.threads must be a positive integer or null, got 0"):
         run(tmp_path / "b", "trainer.threads=0")

@@ -8,11 +8,15 @@ the feature map overflowed; dividing by it would hide the problem, so it raises 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
+
 import torch
 
 FORMS = ("parallel", "recurrent", "chunk")
 
 _finite_checks = True
+_watch: Optional[Callable[[torch.Tensor], None]] = None
 
 
 def set_finite_checks(enabled: bool) -> None:
@@ -39,9 +43,31 @@ def floor_denominator(den: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.where(den < 0, den.clamp(max=-eps), den.clamp(min=eps))
 
 
+@contextmanager
+def watching_denominators(record: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Hand every denominator phi(q).z computed inside the block to ``record`` (detached).
+
+    A training loop checks on the device and reads the verdict at its next sync, instead of a
+    host sync per call here; the denominators it receives cover real positions only (no chunk
+    padding). Outside such a block a non-finite denominator raises on the spot.
+    """
+    global _watch
+    previous, _watch = _watch, record
+    try:
+        yield
+    finally:
+        _watch = previous
+
+
 def check_finite_denominator(den: torch.Tensor, where: str) -> None:
-    """Raise FloatingPointError when any denominator is inf or NaN (see set_finite_checks)."""
-    if not _finite_checks or torch.compiler.is_compiling():
+    """Raise FloatingPointError when any denominator is inf or NaN (see set_finite_checks);
+    inside :func:`watching_denominators` record it instead."""
+    if torch.compiler.is_compiling():
+        return
+    if _watch is not None:
+        _watch(den.detach())
+        return
+    if not _finite_checks:
         return
     if not bool(torch.isfinite(den).all()):
         bad = int((~torch.isfinite(den)).sum())

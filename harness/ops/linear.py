@@ -132,7 +132,7 @@ def _chunk(q, k, v, state, exclusive, chunk_size, eps):
     s0 = z0 = None
     if state is not None:
         s0, z0 = state[0].reshape(b * h, dk, dv), state[1].reshape(b * h, dk)
-    o, s, z = linear_chunk(qc, kc, vc, s0, z0, exclusive, eps)
+    o, s, z = linear_chunk(qc, kc, vc, s0, z0, exclusive, eps, length=t)
     return from_chunks(o.view(b, h, o.shape[1], c, dv), t), s.view(b, h, dk, dv), z.view(b, h, dk)
 
 

@@ -42,7 +42,7 @@ class LinearChunk(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, s0, z0, exclusive: bool, eps: float | None):
+    def forward(ctx, q, k, v, s0, z0, exclusive: bool, eps: float | None, length: int):
         m, n, c, dk = q.shape
         dv = v.shape[-1]
         mn, normalize = m * n, eps is not None
@@ -61,7 +61,7 @@ class LinearChunk(torch.autograd.Function):
                 db = torch.sum(ab, dim=-1, out=den[b]).add_((q3[b] * z3[b]).sum(dim=-1))
                 ob.mul_(floor_denominator(db, eps).reciprocal_().unsqueeze(-1))
         if normalize:
-            check_finite_denominator(den, "linear_attention")
+            check_finite_denominator(den.view(m, n * c)[:, :length], "linear_attention")  # no padding
         ctx.save_for_backward(q, k, v, a, starts, z_starts, o, den)
         ctx.exclusive, ctx.eps = exclusive, eps
         return o.view(m, n, c, dv), s_final, z_final.squeeze(-1)
@@ -116,13 +116,16 @@ class LinearChunk(torch.autograd.Function):
                 dq[b].addcmul_(dden3[b], z3[b])
         need = ctx.needs_input_grad
         return (dq.view(q.shape), dkk.view(k.shape), dvv.view(v.shape),
-                ds0 if need[3] else None, dz0.squeeze(-1) if need[4] else None, None, None)
+                ds0 if need[3] else None, dz0.squeeze(-1) if need[4] else None, None, None, None)
 
 
-def linear_chunk(q, k, v, s0, z0, exclusive: bool, eps: float | None):
-    """Apply :class:`LinearChunk` (see there) in one dtype (autocast's, if on), inputs made contiguous."""
+def linear_chunk(q, k, v, s0, z0, exclusive: bool, eps: float | None, length: int | None = None):
+    """Apply :class:`LinearChunk` (see there) in one dtype (autocast's, if on), inputs made contiguous.
+
+    ``length``: the positions before any zero padding of the last chunk (default: all)."""
     dtype = compute_dtype(q, k, v)
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     s0, z0 = (None if x is None else x.to(dtype) for x in (s0, z0))
     with autocast_off(q.device.type):
-        return LinearChunk.apply(q, k, v, s0, z0, exclusive, eps)
+        length = q.shape[1] * q.shape[2] if length is None else length
+        return LinearChunk.apply(q, k, v, s0, z0, exclusive, eps, length)

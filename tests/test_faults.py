@@ -1,0 +1,124 @@
+"""Numerical faults stop a run with the step, layer and mixer named; output faults are clean."""
+import json
+import os
+
+import pytest
+import torch
+
+from harness.checkpoint import CHECKPOINT_FILE
+from harness.cli import compose_config
+from harness.layers.kernel import KernelAttention
+from harness.results import write_json
+from harness.run import run_job
+
+RUN = ["task=recall", "model=elu", "model.d_model=32", "logger=none", "trainer.max_steps=60",
+       "trainer.batch_size=8", "trainer.eval_every=30", "trainer.eval_examples=16",
+       "trainer.ckpt_every=20", "trainer.log_every=25", "trainer.warmup_steps=5",
+       "trainer.target_accuracy=null", "trainer.progress=false", "trainer.measure=false"]
+
+
+def fail(tmp_path, capsys, *overrides, code=1) -> tuple[str, dict]:
+    """Run, expect a one-line error and exit code; return the line and results.json."""
+    with pytest.raises(SystemExit) as stop:
+        run_job(compose_config([*RUN, f"out_dir={tmp_path}", *overrides]))
+    assert stop.value.code == code
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("harness: error: "), err
+    return err[0], json.loads((tmp_path / "results.json").read_text())
+
+
+def test_nan_in_a_mixer_output_names_step_layer_and_mixer(tmp_path, capsys, monkeypatch):
+    forward, calls = KernelAttention.forward, {"n": 0}
+
+    def poisoned(self, x):  # layer 1's output turns NaN at training step 47
+        out = forward(self, x)
+        if self.training and self.layer_idx == 1:
+            calls["n"] += 1
+            if calls["n"] == 47:
+                return out * float("nan")
+        return out
+
+    monkeypatch.setattr(KernelAttention, "forward", poisoned)
+    line, res = fail(tmp_path, capsys)
+    assert "numerical fault at step 47 in layer 1 (mixer elu): non-finite mixer output" in line
+    assert res["status"] == "failed" and "step 47" in res["error"]
+    assert res["fault"] == {"step": 47, "layer": 1, "mixer": "elu", "check": "output"}
+    # The last good checkpoint (step 40, before the fault) is kept and loads safely.
+    assert res["checkpoint"] == {"path": str(tmp_path / CHECKPOINT_FILE), "step": 40}
+    saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
+    assert saved["step"] == 40
+    assert all(torch.isfinite(t).all() for t in saved["model"].values() if t.is_floating_point())
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_non_positive_kernel_denominator_is_caught_not_floored(tmp_path, capsys, monkeypatch):
+    """elu+1 is positive, so phi(q).z <= 0 means something broke; the floor would hide it."""
+    forward = KernelAttention.forward
+
+    def negative_queries(self, x):
+        phi = self.phi
+        self.phi = lambda t, is_query: -phi(t, is_query=True) if is_query else phi(t, is_query=False)
+        try:
+            return forward(self, x)
+        finally:
+            self.phi = phi
+
+    monkeypatch.setattr(KernelAttention, "forward", negative_queries)
+    line, res = fail(tmp_path, capsys)
+    assert "numerical fault at step 1 in layer 0 (mixer elu): kernel denominator" in line
+    assert res["fault"]["check"] == "denominator" and res["checkpoint"] is None
+
+
+def test_a_sweep_goes_on_after_a_numerical_fault(tmp_path, monkeypatch):
+    """In a sweep the failed run is recorded and the call returns, so the next run starts."""
+    from harness import run as run_module
+
+    monkeypatch.setattr(run_module, "_hydra_context", lambda: (None, True, tmp_path))
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy",
+                        lambda *a, **k: torch.tensor(float("inf"), requires_grad=True))
+    out = run_job(compose_config([*RUN, f"out_dir={tmp_path / 'a'}"]))
+    assert out["status"] == "failed" and "step 1 in the embedding/output head" in out["error"]
+    assert "non-finite loss" in out["error"]
+
+
+def test_unwritable_output_directory_is_one_line_and_writes_nothing(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(SystemExit) as stop:
+        run_job(compose_config([*RUN, f"out_dir={blocker / 'run'}"]))
+    assert stop.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot create the output directory {blocker / 'run'}" in err[0]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_disk_never_leaves_a_half_written_results_file(tmp_path):
+    """/dev/full answers every write with ENOSPC, as a full disk does."""
+    from harness.errors import OutputError
+
+    target = tmp_path / "results.json"
+    write_json(target, {"status": "ok", "summary": {"accuracy": 0.5}})
+    (tmp_path / "results.json.tmp").symlink_to("/dev/full")
+    with pytest.raises(OutputError, match="No space left on device"):
+        write_json(target, {"status": "ok", "summary": {"accuracy": 0.9}})
+    assert json.loads(target.read_text())["summary"]["accuracy"] == 0.5  # the old file, whole
+    assert not (tmp_path / "results.json.tmp").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_disk_at_the_end_of_a_run_is_reported(tmp_path, capsys):
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "results.json.tmp").symlink_to("/dev/full")
+    line, res = fail(tmp_path, capsys)
+    assert "cannot write" in line and "No space left on device" in line
+    assert res["status"] == "failed" and "No space left on device" in res["error"]
+
+
+def test_same_seed_same_metrics_other_seed_differs(tmp_path):
+    def metrics(seed, where):
+        run_job(compose_config([*RUN, "trainer.max_steps=30", f"seed={seed}", f"out_dir={tmp_path / where}"]))
+        rows = (tmp_path / where / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(r).items() if k != "time_s"} for r in rows]
+
+    assert metrics(1, "a") == metrics(1, "b")
+    assert metrics(1, "a") != metrics(2, "c")
