@@ -189,8 +189,11 @@ class MetricsLog:
         self._file = open(path, "a")
 
     def write(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps(_clean(row)) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(_clean(row)) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            raise OutputError(f"cannot write {self._file.name}: {exc.strerror or exc}") from exc
 
     def close(self) -> None:
         self._file.close()

@@ -193,7 +193,7 @@ def _checkpoint_payload(cfg, model, opt, sched, loop: LoopState, logger) -> dict
     return {"format": checkpoint.FORMAT, "step": loop.step, "config_hash": config_hash(cfg),
             "config": flat_config(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
             "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(), "loop": loop.as_dict(),
-            "logger_id": None}
+            "logger_id": logger.run_id}
 
 
 def _restore(saved: dict[str, Any], model, opt, sched) -> LoopState:
@@ -250,7 +250,8 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     from harness.wandb_logger import make_logger
 
     flat = flat_config(cfg)
-    logger = make_logger(cfg.logger, flat, out_dir, name=f"{cfg.task.name}-{mcfg.name}")
+    logger = make_logger(cfg.logger, flat, out_dir, name=f"{cfg.task.name}-{mcfg.name}",
+                         run_id=saved.get("logger_id") if saved else None)
     metrics = MetricsLog(out_dir / METRICS_FILE, resume_step=ckpt_step)
     results = base_results(cfg, "train")
     failed = True
