@@ -64,7 +64,7 @@ class WandbLogger:
                 # Otherwise a finish timeout is only a line in wandb's (silenced) output.
                 settings=wandb.Settings(finish_timeout_raises=True),
             )
-            self.run_id = self.run.id
+            self.run_id = getattr(self.run, "id", None) or run_id
         except Exception as exc:
             self._give_up("init", exc)
 
