@@ -12,6 +12,8 @@ and plain containers, never pickled code.
 from __future__ import annotations
 
 import random
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,23 @@ def resume_dir(cfg: DictConfig) -> Path | None:
         raise ValueError(f"trainer.resume={cfg.trainer.resume}: not a directory")
     return path
 
+
+
+class TerminationRequest:
+    """SIGTERM (a cluster pre-empting or cancelling the job) sets ``requested``; the training
+    loop then checkpoints after the current step and stops, so the rerun loses no work.
+    Only the main thread can own a signal handler; elsewhere this never fires."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum, frame) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from harness.errors import RunError
 from harness.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
                              flat_config, write_json)
 from harness.validate import model_config, task_config
@@ -255,6 +256,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     metrics = MetricsLog(out_dir / METRICS_FILE, resume_step=ckpt_step)
     results = base_results(cfg, "train")
     failed = True
+    terminate = checkpoint.TerminationRequest()  # a pre-empted job saves its step, then stops
     try:
         batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
         bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{mcfg.name}",
@@ -294,11 +296,15 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                 if tr.target_accuracy is not None and loop.last_eval["min_accuracy"] >= tr.target_accuracy:
                     stopped_early = step < tr.max_steps
                     break
-            if tr.ckpt_every and step % tr.ckpt_every == 0 and step < tr.max_steps:
+            due = tr.ckpt_every and step % tr.ckpt_every == 0
+            if (due or terminate.requested) and step < tr.max_steps:
                 watch.check()  # only a clean state is saved: the last checkpoint is always good
                 loop.elapsed_s = time.time() - started
                 checkpoint.save(ckpt_path, _checkpoint_payload(cfg, model, opt, sched, loop, logger))
                 ckpt_step = step
+                if terminate.requested:
+                    raise RunError(f"stopped by SIGTERM after step {step}; the checkpoint "
+                                   f"{ckpt_path} holds it: rerun the same command to resume")
         bar.close()
         watch.check()
         step, last_eval = loop.step, loop.last_eval
@@ -331,6 +337,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                                       if ckpt_step is not None else None)
         raise
     finally:
+        terminate.restore()
         metrics.close()
         logger.finish(failed=failed)
     _report(cfg, summary, last_eval, out_dir)

@@ -37,39 +37,66 @@ def metrics_rows(run_dir):
     return [{k: v for k, v in row.items() if k != "time_s"} for row in rows]
 
 
-def test_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    reference = harness(*RUN, f"out_dir={whole}")
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The uninterrupted run every interrupted one must match."""
+    out = tmp_path_factory.mktemp("whole")
+    out_, err = harness(*RUN, f"out_dir={out}").communicate(timeout=300)
+    assert (out / "results.json").exists(), err[-2000:]
+    return out
 
-    victim = harness(*RUN, f"out_dir={killed}")
+
+def wait_for(path, proc):
+    """Until path exists and is not empty (metrics.jsonl is opened before the first step)."""
     deadline = time.time() + 120
-    while not (killed / CHECKPOINT_FILE).exists():
-        assert victim.poll() is None, victim.communicate()
-        assert time.time() < deadline, "no checkpoint appeared"
+    while not (path.exists() and path.stat().st_size > 0):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, f"{path} did not appear"
         time.sleep(0.01)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    assert victim.returncode == -signal.SIGKILL
-    assert not (killed / "results.json").exists(), "the run finished before it was killed"
-    saved = torch.load(killed / CHECKPOINT_FILE, weights_only=True)
-    assert 20 <= saved["step"] < 200 and saved["step"] % 20 == 0
 
+
+def resume_and_compare(whole, killed):
     resumed = harness(*RUN, f"out_dir={killed}")  # the same command, the same directory
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
     assert f"resuming from {killed / CHECKPOINT_FILE} at step" in out
-    out, err = reference.communicate(timeout=300)
-    assert reference.returncode == 0, err[-2000:]
-
     a = json.loads((whole / "results.json").read_text())
     b = json.loads((killed / "results.json").read_text())
     assert a["status"] == b["status"] == "ok" and b["summary"]["steps"] == 200
     assert comparable(a) == comparable(b)  # bit for bit: JSON floats round-trip exactly
     assert metrics_rows(whole) == metrics_rows(killed)  # no row lost or written twice
     assert not (killed / CHECKPOINT_FILE).exists()  # finished: model.pt replaces it
-    for name in ("model.pt",):
-        w, k = (torch.load(d / name, weights_only=True)["model"] for d in (whole, killed))
-        assert all(torch.equal(w[key], k[key]) for key in w)
+    w, k = (torch.load(d / "model.pt", weights_only=True)["model"] for d in (whole, killed))
+    assert all(torch.equal(w[key], k[key]) for key in w)
+
+
+def test_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, whole):
+    killed = tmp_path / "killed"
+    victim = harness(*RUN, f"out_dir={killed}")
+    wait_for(killed / CHECKPOINT_FILE, victim)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+    assert not (killed / "results.json").exists(), "the run finished before it was killed"
+    saved = torch.load(killed / CHECKPOINT_FILE, weights_only=True)
+    assert 20 <= saved["step"] < 200 and saved["step"] % 20 == 0
+    resume_and_compare(whole, killed)
+
+
+def test_sigterm_checkpoints_the_current_step_then_resumes_exactly(tmp_path, whole):
+    """A pre-empted job (SIGTERM) saves the step it is at, not the last periodic checkpoint."""
+    stopped = tmp_path / "stopped"
+    victim = harness(*RUN, "trainer.ckpt_every=1000", f"out_dir={stopped}")  # no periodic ones
+    wait_for(stopped / "metrics.jsonl", victim)  # the first evaluation (step 40) is done
+    victim.send_signal(signal.SIGTERM)
+    out, err = victim.communicate(timeout=120)
+    assert victim.returncode == 1
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "stopped by SIGTERM after step" in lines[0], err
+    saved = torch.load(stopped / CHECKPOINT_FILE, weights_only=True)
+    assert 40 <= saved["step"] < 200
+    assert json.loads((stopped / "results.json").read_text())["status"] == "failed"
+    resume_and_compare(whole, stopped)
 
 
 @pytest.fixture(autouse=True)

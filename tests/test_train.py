@@ -58,7 +58,7 @@ def test_checkpoint_reloads_into_the_same_model(tmp_path):
     from harness.model import LanguageModel, ModelConfig
 
     run(tmp_path, "model=retnet")
-    ckpt = torch.load(tmp_path / "model.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "model.pt", weights_only=True)
     mcfg = ModelConfig(**ckpt["config"]["model"])
     model = LanguageModel(mcfg, vocab_size=ckpt["config"]["task"]["vocab_size"], max_seq_len=64)
     model.load_state_dict(ckpt["model"])
