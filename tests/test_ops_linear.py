@@ -48,8 +48,12 @@ def run(fn, q, k, v, state, **kw):
 CASES = list(itertools.product((1, 9, 16, 37, 64), (False, True), (False, True), (True, False)))
 
 
+@pytest.mark.parametrize("fused", (True, False), ids=("fused-cpu", "batched"))
 @pytest.mark.parametrize("t,init,exclusive,normalize", CASES)
-def test_forms_match_naive_float64(t, init, exclusive, normalize):
+def test_forms_match_naive_float64(t, init, exclusive, normalize, fused, monkeypatch):
+    import harness.ops.linear_chunk_cpu as fused_cpu
+
+    monkeypatch.setattr(fused_cpu, "_enabled", fused)  # the chunk form's two CPU paths
     q, k, v, state = inputs(t, positive=normalize, init=init, seed=t)
     kw = dict(exclusive=exclusive, normalize=normalize)
     o_ref, s_ref, g_ref = run(ops.naive_linear_attention, q, k, v, state, **kw)

@@ -26,6 +26,8 @@ from torch.autograd.function import once_differentiable
 
 from .chunking import chunk_blocks
 from .guards import check_finite_denominator, floor_denominator
+from .linear_chunk_cpu import LinearChunkCPU
+from .linear_chunk_cpu import applies as fused_cpu_applies
 from .precision import autocast_off, compute_dtype
 from .prefix import scan_states
 
@@ -120,7 +122,8 @@ class LinearChunk(torch.autograd.Function):
 
 
 def linear_chunk(q, k, v, s0, z0, exclusive: bool, eps: float | None, length: int | None = None):
-    """Apply :class:`LinearChunk` (see there) in one dtype (autocast's, if on), inputs made contiguous.
+    """Apply :class:`LinearChunk` (see there) in one dtype (autocast's, if on), inputs made contiguous;
+    float32/64 CPU inputs of several chunks go to its fused CPU kernel (harness.ops.linear_chunk_cpu).
 
     ``length``: the positions before any zero padding of the last chunk (default: all)."""
     dtype = compute_dtype(q, k, v)
@@ -128,4 +131,5 @@ def linear_chunk(q, k, v, s0, z0, exclusive: bool, eps: float | None, length: in
     s0, z0 = (None if x is None else x.to(dtype) for x in (s0, z0))
     with autocast_off(q.device.type):
         length = q.shape[1] * q.shape[2] if length is None else length
-        return LinearChunk.apply(q, k, v, s0, z0, exclusive, eps, length)
+        fn = LinearChunkCPU if fused_cpu_applies(q) else LinearChunk
+        return fn.apply(q, k, v, s0, z0, exclusive, eps, length)

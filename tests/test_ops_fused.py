@@ -1,0 +1,91 @@
+"""The fused CPU kernel of the linear chunk form against the batched form, its oracle."""
+import itertools
+
+import pytest
+import torch
+
+import harness.ops.linear_chunk_cpu as fused
+from harness import ops
+from harness.ops.linear_chunk import LinearChunk, linear_chunk
+
+pytestmark = pytest.mark.skipif(fused._load() is None, reason="the fused kernel could not be built here")
+
+
+def draw(m, n, c, dk, dv, dtype, init, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.rand(m, n, c, dk, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(m, n, c, dv, generator=g, dtype=dtype)
+    s0 = torch.randn(m, dk, dv, generator=g, dtype=dtype) if init else None
+    z0 = torch.rand(m, dk, generator=g, dtype=dtype) if init else None
+    return q, k, v, s0, z0
+
+
+def outputs_and_grads(use_fused, q, k, v, s0, z0, exclusive, eps, monkeypatch):
+    monkeypatch.setattr(fused, "_enabled", use_fused)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, s0, z0) if x is not None]
+    it = iter(leaves)
+    args = [next(it) if x is not None else None for x in (q, k, v, s0, z0)]
+    out = linear_chunk(*args, exclusive, eps)
+    expected = fused.LinearChunkCPU if use_fused else LinearChunk
+    assert type(out[0].grad_fn).__name__ == f"{expected.__name__}Backward"  # the path under test ran
+    g = torch.Generator().manual_seed(1)
+    # weights drawn in float64 whatever the dtype under test, so both dtypes see the same loss
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)).sum() for o in out)
+    return [o.detach() for o in out] + list(torch.autograd.grad(loss, leaves))
+
+
+SHAPES = [(6, 5, 4, 16, 8), (3, 9, 8, 8, 4), (2, 2, 16, 4, 6), (1, 70, 4, 8, 8)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("init,exclusive,normalize", list(itertools.product((False, True), repeat=3)))
+def test_fused_matches_batched_float64(shape, init, exclusive, normalize, monkeypatch):
+    q, k, v, s0, z0 = draw(*shape, torch.float64, init, seed=sum(shape))
+    eps = 1e-6 if normalize else None
+    a = outputs_and_grads(True, q, k, v, s0, z0, exclusive, eps, monkeypatch)
+    b = outputs_and_grads(False, q, k, v, s0, z0, exclusive, eps, monkeypatch)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-10)
+
+
+def test_fused_float32_within_tolerance_of_float64(monkeypatch):
+    """float32 through the fused kernel vs the float64 batched form: 64 chunks of 64."""
+    q, k, v, _, _ = draw(2, 64, 64, 32, 32, torch.float64, False, seed=5)
+    ref = outputs_and_grads(False, q, k, v, None, None, False, 1e-6, monkeypatch)
+    got = outputs_and_grads(True, q.float(), k.float(), v.float(), None, None, False, 1e-6, monkeypatch)
+    for x, y in zip(got, ref):
+        torch.testing.assert_close(x.double(), y, rtol=1e-4, atol=1e-4)
+
+
+def test_linear_attention_uses_it_and_matches_naive(monkeypatch):
+    """Through the public API, with padding (T = 37 in chunks of 8)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.rand(2, 3, 37, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(2, 3, 37, 4, generator=g, dtype=torch.float64)
+    monkeypatch.setattr(fused, "_enabled", True)
+    o = ops.linear_attention(q, k, v, form="chunk", chunk_size=8)
+    torch.testing.assert_close(o, ops.naive_linear_attention(q, k, v), rtol=0, atol=1e-10)
+
+
+def test_one_chunk_and_low_precision_take_the_batched_form():
+    q = torch.rand(4, 1, 8, 4)
+    assert not fused.applies(q)                      # one chunk: no state to carry
+    assert not fused.applies(torch.rand(4, 3, 8, 4).bfloat16())
+    assert fused.applies(torch.rand(4, 3, 8, 4))
+
+
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch, capsys):
+    import torch.utils.cpp_extension as cpp
+
+    def broken(**kwargs):
+        raise RuntimeError("Error building extension: no compiler")
+
+    monkeypatch.setattr(fused, "_module", None)
+    monkeypatch.setattr(fused, "_failed", False)
+    monkeypatch.setattr(cpp, "load", broken)
+    assert not fused.applies(torch.rand(2, 3, 8, 4)) and not fused.applies(torch.rand(2, 3, 8, 4))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fused CPU linear-attention kernel is unavailable" in err[0]
+    o = ops.linear_attention(torch.rand(1, 1, 20, 4), torch.rand(1, 1, 20, 4), torch.randn(1, 1, 20, 4),
+                             form="chunk", chunk_size=8)
+    assert torch.isfinite(o).all()
