@@ -34,7 +34,7 @@ def outputs_and_grads(use_fused, q, k, v, s0, z0, exclusive, eps, monkeypatch):
     return [o.detach() for o in out] + list(torch.autograd.grad(loss, leaves))
 
 
-SHAPES = [(6, 5, 4, 16, 8), (3, 9, 8, 8, 4), (2, 2, 16, 4, 6), (1, 70, 4, 8, 8)]
+SHAPES = [(6, 5, 4, 16, 8), (3, 9, 8, 8, 4), (2, 2, 16, 4, 6), (1, 70, 4, 8, 8), (5, 1, 8, 4, 4)]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -67,11 +67,11 @@ def test_linear_attention_uses_it_and_matches_naive(monkeypatch):
     torch.testing.assert_close(o, ops.naive_linear_attention(q, k, v), rtol=0, atol=1e-10)
 
 
-def test_one_chunk_and_low_precision_take_the_batched_form():
-    q = torch.rand(4, 1, 8, 4)
-    assert not fused.applies(q)                      # one chunk: no state to carry
+def test_low_precision_and_switched_off_take_the_batched_form(monkeypatch):
+    assert fused.applies(torch.rand(4, 1, 8, 4)) and fused.applies(torch.rand(4, 3, 8, 4).double())
     assert not fused.applies(torch.rand(4, 3, 8, 4).bfloat16())
-    assert fused.applies(torch.rand(4, 3, 8, 4))
+    monkeypatch.setattr(fused, "_enabled", False)
+    assert not fused.applies(torch.rand(4, 3, 8, 4))
 
 
 def test_a_failed_build_warns_once_and_falls_back(monkeypatch, capsys):
