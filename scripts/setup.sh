@@ -32,8 +32,8 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 echo "[setup] installing recall-harness and its dependencies"
 "$VPY" -m pip install --quiet -e ".[dev]"
-# The fused CPU kernel of linear attention is compiled once here (about 25 s, cached), so the
+# The fused CPU kernels of the chunk forms are compiled once here (about 25 s, cached), so the
 # first run does not pay for it; without a compiler it warns and the batched form runs.
 echo "[setup] building the fused CPU kernel"
-"$VPY" -c "from harness.ops.linear_chunk_cpu import build; build()"
+"$VPY" -c "from harness.ops.fused_cpu import build; build()"
 echo "$want" > "$stamp"

@@ -213,7 +213,7 @@ def test_chunk_forms_agree_block_by_block_and_in_one_block(monkeypatch, family):
     # The chunk Functions run their in-chunk products a block of chunks at a time on CPU (for the
     # cache); block boundaries must not change a single number, forward or backward.
     import harness.ops.chunking as chunking
-    import harness.ops.linear_chunk_cpu as fused
+    import harness.ops.fused_cpu as fused
 
     monkeypatch.setattr(fused, "_enabled", False)  # the batched form is the one that has blocks
     shape = cases.Shape(batch=2, heads=2, seq_len=100, d_key=8, d_value=4)

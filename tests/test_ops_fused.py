@@ -1,12 +1,13 @@
-"""The fused CPU kernel of the linear chunk form against the batched form, its oracle."""
+"""The fused CPU kernels of the chunk forms against the batched forms, their oracles."""
 import itertools
 
 import pytest
 import torch
 
-import harness.ops.linear_chunk_cpu as fused
+import harness.ops.fused_cpu as fused
 from harness import ops
-from harness.ops.linear_chunk import LinearChunk, linear_chunk
+from harness.ops.decay_chunk import DecayChunk, DecayChunkCPU, decay_chunk
+from harness.ops.linear_chunk import LinearChunk, LinearChunkCPU, linear_chunk
 
 pytestmark = pytest.mark.skipif(fused._load() is None, reason="the fused kernel could not be built here")
 
@@ -26,7 +27,7 @@ def outputs_and_grads(use_fused, q, k, v, s0, z0, exclusive, eps, monkeypatch):
     it = iter(leaves)
     args = [next(it) if x is not None else None for x in (q, k, v, s0, z0)]
     out = linear_chunk(*args, exclusive, eps)
-    expected = fused.LinearChunkCPU if use_fused else LinearChunk
+    expected = LinearChunkCPU if use_fused else LinearChunk
     assert type(out[0].grad_fn).__name__ == f"{expected.__name__}Backward"  # the path under test ran
     g = torch.Generator().manual_seed(1)
     # weights drawn in float64 whatever the dtype under test, so both dtypes see the same loss
@@ -85,7 +86,47 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch, capsys):
     monkeypatch.setattr(cpp, "load", broken)
     assert not fused.applies(torch.rand(2, 3, 8, 4)) and not fused.applies(torch.rand(2, 3, 8, 4))
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "fused CPU linear-attention kernel is unavailable" in err[0]
+    assert len(err) == 1 and "fused CPU chunk kernels are unavailable" in err[0]
     o = ops.linear_attention(torch.rand(1, 1, 20, 4), torch.rand(1, 1, 20, 4), torch.randn(1, 1, 20, 4),
                              form="chunk", chunk_size=8)
     assert torch.isfinite(o).all()
+
+
+def decay_outputs_and_grads(use_fused, q, k, v, x, s0, monkeypatch):
+    monkeypatch.setattr(fused, "_enabled", use_fused)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, x, s0) if t is not None]
+    it = iter(leaves)
+    args = [next(it) if t is not None else None for t in (q, k, v, x, s0)]
+    out = decay_chunk(*args)
+    expected = DecayChunkCPU if use_fused else DecayChunk
+    assert type(out[0].grad_fn).__name__ == f"{expected.__name__}Backward"
+    g = torch.Generator().manual_seed(2)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)).sum() for o in out)
+    return [o.detach() for o in out] + list(torch.autograd.grad(loss, leaves))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("init", (False, True))
+def test_fused_decay_matches_batched_float64(shape, init, monkeypatch):
+    """Scalar gates, strong and weak (log decays in [-3, 0]), forward and every gradient (x too)."""
+    m, n, c, dk, dv = shape
+    q, k, v, s0, _ = draw(m, n, c, dk, dv, torch.float64, init, seed=sum(shape) + 1)
+    x = -3 * torch.rand(m, n, c, 1, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    a = decay_outputs_and_grads(True, q - 0.5, k - 0.5, v, x, s0, monkeypatch)
+    b = decay_outputs_and_grads(False, q - 0.5, k - 0.5, v, x, s0, monkeypatch)
+    for got, want in zip(a, b):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_decay_attention_uses_it_and_matches_naive(monkeypatch):
+    """Through the public API with padding (T = 37 in chunks of 8); per-dimension gates stay batched."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    log_a = -torch.rand(2, 3, 37, generator=g, dtype=torch.float64)
+    monkeypatch.setattr(fused, "_enabled", True)
+    o = ops.decay_attention(q, k, v, log_a, form="chunk", chunk_size=8)
+    torch.testing.assert_close(o, ops.naive_decay_attention(q, k, v, log_a), rtol=0, atol=1e-10)
+    qc = torch.rand(2, 4, 8, 8, dtype=torch.float64, requires_grad=True)  # (M, N, C, Dk) chunks
+    per_dim = -torch.rand(2, 4, 8, 8, dtype=torch.float64)
+    o, _ = decay_chunk(qc, qc.detach(), qc.detach(), per_dim, None)
+    assert type(o.grad_fn).__name__ == "DecayChunkBackward"

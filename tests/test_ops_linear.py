@@ -51,7 +51,7 @@ CASES = list(itertools.product((1, 9, 16, 37, 64), (False, True), (False, True),
 @pytest.mark.parametrize("fused", (True, False), ids=("fused-cpu", "batched"))
 @pytest.mark.parametrize("t,init,exclusive,normalize", CASES)
 def test_forms_match_naive_float64(t, init, exclusive, normalize, fused, monkeypatch):
-    import harness.ops.linear_chunk_cpu as fused_cpu
+    import harness.ops.fused_cpu as fused_cpu
 
     monkeypatch.setattr(fused_cpu, "_enabled", fused)  # the chunk form's two CPU paths
     q, k, v, state = inputs(t, positive=normalize, init=init, seed=t)

@@ -8,7 +8,7 @@ attention weights for analysis, and a naive loop reference the fast forms are te
 from .decay import decay_attention, decay_attention_step, decay_weights
 from .guards import finite_checks_enabled, floor_denominator, set_finite_checks
 from .linear import linear_attention, linear_attention_step, linear_weights
-from .linear_chunk_cpu import fused_cpu_enabled, set_fused_cpu
+from .fused_cpu import fused_cpu_enabled, set_fused_cpu
 from .naive import naive_decay_attention, naive_linear_attention, naive_softmax_attention
 from .softmax import softmax_attention, softmax_step, softmax_weights
 from .state import attention_matrix_elements, kv_cache_elements, kv_crossover, state_elements

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import fused_cpu
 from .chunking import chunk_blocks
 from .precision import autocast_off, compute_dtype
 from .prefix import scan_add, scan_states
@@ -232,18 +233,54 @@ class DecayChunk(torch.autograd.Function):
         if want_dx:
             db = db.view(m, n, c, -1)
             if ds_final is not None:
-                last = (ds_final.to(xd) * s_final.to(xd)).sum(dim=-1)  # (M, Dk): <dS_T, S_T> per key dimension
-                db[:, -1, -1] += last if ctx.per_dim else last.sum(dim=-1, keepdim=True)
+                db[:, -1, -1] += final_state_log_decay_grad(ds_final, s_final, ctx.per_dim, xd)
             dx = _reverse_cumsum_time(db)
         return (dq.view(q.shape), dk_.view(k.shape), dv_.view(v.shape), dx,
                 ds0 if ctx.needs_input_grad[4] else None)
 
 
+def final_state_log_decay_grad(ds_final, s_final, per_dim: bool, dtype) -> torch.Tensor:
+    """<dS_T, S_T>, the final state's share of the last position's log-decay gradient: (M, G)."""
+    last = (ds_final.to(dtype) * s_final.to(dtype)).sum(dim=-1)  # (M, Dk): per key dimension
+    return last if per_dim else last.sum(dim=-1, keepdim=True)
+
+
+class DecayChunkCPU(torch.autograd.Function):
+    """:class:`DecayChunk` with a scalar gate through the fused CPU kernel
+    (harness/ops/csrc/chunk_cpu.cpp): same signature and results; the kernel recomputes the
+    in-chunk weights in the backward pass instead of saving them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, x, s0):
+        m, n, c, _ = q.shape
+        o, starts, s_final = fused_cpu.kernels().decay_forward(
+            q, k, v, x.view(m, n, c), q.new_empty(0) if s0 is None else s0)
+        ctx.save_for_backward(q, k, v, x, starts, s_final)
+        return o, s_final
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, ds_final):
+        q, k, v, x, starts, s_final = ctx.saved_tensors
+        m, n, c, _ = q.shape
+        dq, dk, dv, db, ds0 = fused_cpu.kernels().decay_backward(q, k, v, x.view(m, n, c), starts, do, ds_final)
+        dx = None
+        if ctx.needs_input_grad[3]:
+            db = db.view(m, n, c, 1)
+            db[:, -1, -1] += final_state_log_decay_grad(ds_final, s_final, False, db.dtype)
+            dx = _reverse_cumsum_time(db)
+        return dq, dk, dv, dx, ds0 if ctx.needs_input_grad[4] else None
+
+
 def decay_chunk(q, k, v, x, s0):
     """Apply :class:`DecayChunk` (see there) in one dtype (autocast's, if on), inputs made contiguous.
-    The log decays x keep their own precision, at least float32."""
+    The log decays x keep their own precision, at least float32. Scalar gates with float32/64
+    CPU inputs go to the fused CPU kernel (:class:`DecayChunkCPU`, harness.ops.fused_cpu)."""
     dtype = compute_dtype(q, k, v)
     q, k, v = (t.to(dtype).contiguous() for t in (q, k, v))
     x = x.to(torch.promote_types(x.dtype, torch.float32)).contiguous()
+    s0 = None if s0 is None else s0.to(dtype)
     with autocast_off(q.device.type):
-        return DecayChunk.apply(q, k, v, x, None if s0 is None else s0.to(dtype))
+        if x.shape[-1] == 1 and fused_cpu.applies(q, x):
+            return DecayChunkCPU.apply(q, k, v, x, s0)
+        return DecayChunk.apply(q, k, v, x, s0)

@@ -24,10 +24,9 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import fused_cpu
 from .chunking import chunk_blocks
 from .guards import check_finite_denominator, floor_denominator
-from .linear_chunk_cpu import LinearChunkCPU
-from .linear_chunk_cpu import applies as fused_cpu_applies
 from .precision import autocast_off, compute_dtype
 from .prefix import scan_states
 
@@ -121,9 +120,39 @@ class LinearChunk(torch.autograd.Function):
                 ds0 if need[3] else None, dz0.squeeze(-1) if need[4] else None, None, None, None)
 
 
+class LinearChunkCPU(torch.autograd.Function):
+    """:class:`LinearChunk` through the fused CPU kernel (harness/ops/csrc/chunk_cpu.cpp): same
+    signature and results; A is recomputed in the backward pass instead of saved."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, s0, z0, exclusive: bool, eps: float | None, length: int):
+        m, n, c, _ = q.shape
+        normalize = eps is not None
+        empty = q.new_empty(0)
+        o, starts, z_starts, den, s_final, z_final = fused_cpu.kernels().forward(
+            q, k, v, empty if s0 is None else s0, empty if z0 is None else z0, normalize,
+            eps if normalize else 0.0, exclusive)
+        if normalize:
+            check_finite_denominator(den.view(m, n * c)[:, :length], "linear_attention")  # no padding
+        ctx.save_for_backward(q, k, v, o, starts, z_starts, den)
+        ctx.exclusive, ctx.eps = exclusive, eps
+        return o, s_final, z_final
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, ds_final, dz_final):
+        q, k, v, o, starts, z_starts, den = ctx.saved_tensors
+        normalize = ctx.eps is not None
+        dq, dk, dv, ds0, dz0 = fused_cpu.kernels().backward(
+            q, k, v, o, starts, z_starts, den, do, ds_final, dz_final, normalize,
+            ctx.eps if normalize else 0.0, ctx.exclusive)
+        need = ctx.needs_input_grad
+        return dq, dk, dv, ds0 if need[3] else None, dz0 if need[4] else None, None, None, None
+
+
 def linear_chunk(q, k, v, s0, z0, exclusive: bool, eps: float | None, length: int | None = None):
     """Apply :class:`LinearChunk` (see there) in one dtype (autocast's, if on), inputs made contiguous;
-    float32/64 CPU inputs of several chunks go to its fused CPU kernel (harness.ops.linear_chunk_cpu).
+    float32/64 CPU inputs go to its fused CPU kernel (:class:`LinearChunkCPU`, harness.ops.fused_cpu).
 
     ``length``: the positions before any zero padding of the last chunk (default: all)."""
     dtype = compute_dtype(q, k, v)
@@ -131,5 +160,5 @@ def linear_chunk(q, k, v, s0, z0, exclusive: bool, eps: float | None, length: in
     s0, z0 = (None if x is None else x.to(dtype) for x in (s0, z0))
     with autocast_off(q.device.type):
         length = q.shape[1] * q.shape[2] if length is None else length
-        fn = LinearChunkCPU if fused_cpu_applies(q) else LinearChunk
+        fn = LinearChunkCPU if fused_cpu.applies(q) else LinearChunk
         return fn.apply(q, k, v, s0, z0, exclusive, eps, length)

@@ -1,24 +1,34 @@
-// The chunk form of causal linear attention, fused for the CPU: one pass over each sequence.
+// The chunk forms of causal linear and decayed attention, fused for the CPU: one pass over
+// each sequence.
 //
-// The batched PyTorch form (harness/ops/linear_chunk.py) is bound by memory traffic: every
-// product streams a whole tensor through main memory, about 29 tensor-sized passes for a
-// forward and backward. Here one thread walks one sequence chunk by chunk, carrying the state
-// S (Dk x Dv) and z (Dk); a chunk's q, k, v (48 KB at C = Dk = Dv = 64) stay in cache through
-// all of its products, which are single-threaded BLAS calls. The backward pass walks the
-// chunks in reverse carrying G, the gradient of the state. The mathematics is the batched
-// form's, line for line (see its module docstring); it is the oracle of this file's tests.
+// The batched PyTorch forms (harness/ops/linear_chunk.py, decay_chunk.py) are bound by memory
+// traffic: every product streams a whole tensor through main memory, about 29 tensor-sized
+// passes for a forward and backward. Here one thread walks one sequence chunk by chunk,
+// carrying the state; a chunk's q, k, v (48 KB at C = Dk = Dv = 64) stay in cache through all
+// of its products, which are single-threaded BLAS calls. The backward passes walk the chunks in
+// reverse carrying G, the gradient of the state. The mathematics is the batched forms', line
+// for line (see their module docstrings); they are the oracles of this file's tests.
 //
-// Per chunk (rows i of q, k, v; S, z the state entering the chunk; A = tril(q k^T)):
+// Linear, per chunk (rows i of q, k, v; S, z the state entering the chunk; A = tril(q k^T)):
 //   num = q S + A v      den = q.z + rowsum(A)      o = num / floor(den)
 //   S += k^T v           z += colsum(k)
 // and backward, with dnum = do / floor(den), dden = -(do . o) / floor(den) where the floor is
 // not active, dA = tril(dnum v^T + dden 1^T), G the gradient reaching the state leaving it:
 //   dq = dA k + dnum S^T + dden z^T    dk = dA^T q + v G^T + gz    dv = A^T dnum + k G
 //   G += q^T dnum                      gz += q^T dden
+//
+// Decayed with a scalar gate, per chunk (b_i the log decay from the chunk start, b_C at its end,
+// M_ij = e^{b_i - b_j} for j <= i, else 0; A = (q k^T) * M):
+//   o = e^{b} q S + A v                S = e^{b_C} S + (e^{b_C - b} k)^T v
+// and backward, with dA = (do v^T) * M:
+//   dq = dA k + e^{b} do S^T    dk = dA^T q + e^{b_C - b} v G^T    dv = A^T do + e^{b_C - b} k G
+//   db_i = q_i . dq_i - k_i . dk_i (the log-decay gradient before its suffix sum over time)
+//   G = e^{b_C} G + (e^{b} q)^T do
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 // BLAS of the MKL that ships inside libtorch_cpu (column-major, Fortran calling convention).
@@ -67,6 +77,16 @@ template <typename T>
 void causal_mask(T* a, int64_t c, bool exclusive) {
   for (int64_t i = 0; i < c; ++i) {
     std::fill(a + i * c + (exclusive ? i : i + 1), a + (i + 1) * c, T(0));
+  }
+}
+
+// Multiply the lower triangle by e^{b_i - b_j} (every exponent <= 0 for log decays <= 0) and zero
+// the strict upper triangle.
+template <typename T>
+void decay_mask(T* a, const T* b, int64_t c) {
+  for (int64_t i = 0; i < c; ++i) {
+    for (int64_t j = 0; j <= i; ++j) a[i * c + j] *= std::exp(b[i] - b[j]);
+    std::fill(a + i * c + i + 1, a + (i + 1) * c, T(0));
   }
 }
 
@@ -212,6 +232,117 @@ void backward_impl(const T* q, const T* k, const T* v, const T* o, const T* star
   });
 }
 
+template <typename T>
+void decay_forward_impl(const T* q, const T* k, const T* v, const T* x, const T* s0, T* o, T* starts,
+                        T* s_final, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv) {
+  at::parallel_for(0, m, 1, [&](int64_t first, int64_t last) {
+    SerialBlas serial;
+    std::vector<T> a(c * c), b(c), qs(c * dk), ks(c * dk);
+    for (int64_t s = first; s < last; ++s) {
+      T* S = s_final + s * dk * dv;
+      if (s0) std::copy(s0 + s * dk * dv, s0 + (s + 1) * dk * dv, S); else std::fill(S, S + dk * dv, T(0));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t ch = s * n + j;
+        const T* Q = q + ch * c * dk;
+        const T* K = k + ch * c * dk;
+        const T* V = v + ch * c * dv;
+        const T* X = x + ch * c;
+        T* O = o + ch * c * dv;
+        std::copy(S, S + dk * dv, starts + ch * dk * dv);
+        T acc = 0;
+        for (int64_t i = 0; i < c; ++i) b[i] = (acc += X[i]);
+        const T b_end = b[c - 1];
+        for (int64_t i = 0; i < c; ++i) {
+          const T fq = std::exp(b[i]), fk = std::exp(b_end - b[i]);
+#pragma omp simd
+          for (int64_t d = 0; d < dk; ++d) {
+            qs[i * dk + d] = Q[i * dk + d] * fq;
+            ks[i * dk + d] = K[i * dk + d] * fk;
+          }
+        }
+        mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // q k^T, then the decay mask
+        decay_mask(a.data(), b.data(), c);
+        mm<T>(false, false, c, dv, dk, qs.data(), dk, S, dv, T(0), O, dv);  // e^b q S
+        mm<T>(false, false, c, dv, c, a.data(), c, V, dv, T(1), O, dv);  // + A v
+        const T decay = std::exp(b_end);
+#pragma omp simd
+        for (int64_t e = 0; e < dk * dv; ++e) S[e] *= decay;
+        mm<T>(true, false, dk, dv, c, ks.data(), dk, V, dv, T(1), S, dv);  // + (e^{b_C - b} k)^T v
+      }
+    }
+  });
+}
+
+template <typename T>
+void decay_backward_impl(const T* q, const T* k, const T* v, const T* x, const T* starts, const T* dout,
+                         const T* ds_final, T* dq, T* dk_, T* dv_, T* db, T* ds0, int64_t m, int64_t n,
+                         int64_t c, int64_t dk, int64_t dv) {
+  at::parallel_for(0, m, 1, [&](int64_t first, int64_t last) {
+    SerialBlas serial;
+    std::vector<T> a(c * c), da(c * c), b(c), fq(c), fk(c), mask(c * c), qs(c * dk), ks(c * dk), tmp(c * dk);
+    for (int64_t s = first; s < last; ++s) {
+      T* G = ds0 + s * dk * dv;  // the running state gradient lives in the output
+      std::copy(ds_final + s * dk * dv, ds_final + (s + 1) * dk * dv, G);
+      for (int64_t j = n - 1; j >= 0; --j) {
+        const int64_t ch = s * n + j;
+        const T* Q = q + ch * c * dk;
+        const T* K = k + ch * c * dk;
+        const T* V = v + ch * c * dv;
+        const T* X = x + ch * c;
+        const T* dO = dout + ch * c * dv;
+        const T* S = starts + ch * dk * dv;
+        T acc = 0;
+        for (int64_t i = 0; i < c; ++i) b[i] = (acc += X[i]);
+        const T b_end = b[c - 1];
+        for (int64_t i = 0; i < c; ++i) {
+          fq[i] = std::exp(b[i]);
+          fk[i] = std::exp(b_end - b[i]);
+#pragma omp simd
+          for (int64_t d = 0; d < dk; ++d) {
+            qs[i * dk + d] = Q[i * dk + d] * fq[i];
+            ks[i * dk + d] = K[i * dk + d] * fk[i];
+          }
+        }
+        std::fill(mask.begin(), mask.end(), T(1));
+        decay_mask(mask.data(), b.data(), c);
+        mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // A, recomputed
+        mm<T>(false, true, c, c, dv, dO, dv, V, dv, T(0), da.data(), c);  // dA = (do v^T) * M
+#pragma omp simd
+        for (int64_t e = 0; e < c * c; ++e) {
+          a[e] *= mask[e];
+          da[e] *= mask[e];
+        }
+        T* dQ = dq + ch * c * dk;
+        T* dK = dk_ + ch * c * dk;
+        T* dV = dv_ + ch * c * dv;
+        mm<T>(false, true, c, dk, dv, dO, dv, S, dv, T(0), tmp.data(), dk);  // do S^T, rows scaled by e^b
+        mm<T>(false, false, c, dk, c, da.data(), c, K, dk, T(0), dQ, dk);
+        for (int64_t i = 0; i < c; ++i)
+#pragma omp simd
+          for (int64_t d = 0; d < dk; ++d) dQ[i * dk + d] += fq[i] * tmp[i * dk + d];
+        mm<T>(false, true, c, dk, dv, V, dv, G, dv, T(0), tmp.data(), dk);  // v G^T, rows scaled by e^{b_C - b}
+        mm<T>(true, false, c, dk, c, da.data(), c, Q, dk, T(0), dK, dk);
+        for (int64_t i = 0; i < c; ++i)
+#pragma omp simd
+          for (int64_t d = 0; d < dk; ++d) dK[i * dk + d] += fk[i] * tmp[i * dk + d];
+        mm<T>(true, false, c, dv, c, a.data(), c, dO, dv, T(0), dV, dv);  // dv = A^T do
+        mm<T>(false, false, c, dv, dk, ks.data(), dk, G, dv, T(1), dV, dv);  //    + (e^{b_C - b} k) G
+        T* dB = db + ch * c;
+        for (int64_t i = 0; i < c; ++i) {
+          T acc_b = 0;
+#pragma omp simd reduction(+ : acc_b)
+          for (int64_t d = 0; d < dk; ++d) acc_b += Q[i * dk + d] * dQ[i * dk + d] - K[i * dk + d] * dK[i * dk + d];
+          dB[i] = acc_b;
+        }
+        const T decay = std::exp(b_end);  // G for the chunk before: e^{b_C} G + (e^b q)^T do
+#pragma omp simd
+        for (int64_t e = 0; e < dk * dv; ++e) G[e] *= decay;
+        mm<T>(true, false, dk, dv, c, qs.data(), dk, dO, dv, T(1), G, dv);
+      }
+    }
+  });
+}
+
 void check(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
 }
@@ -264,7 +395,47 @@ std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor k, torch::Ten
   return {dq, dkk, dvv, ds0, dz0};
 }
 
+// q, k: (M, N, C, Dk); v: (M, N, C, Dv); x: (M, N, C) log decays; s0 (M, Dk, Dv) or empty.
+// Returns o, the entering states S (M, N, Dk, Dv) and S_final.
+std::vector<torch::Tensor> decay_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor x,
+                                         torch::Tensor s0) {
+  for (auto* t : {&q, &k, &v, &x}) check(*t, "q, k, v, log decays");
+  const auto m = q.size(0), n = q.size(1), c = q.size(2), dk = q.size(3), dv = v.size(3);
+  auto o = torch::empty({m, n, c, dv}, q.options());
+  auto starts = torch::empty({m, n, dk, dv}, q.options());
+  auto s_final = torch::empty({m, dk, dv}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decay_chunk_cpu_forward", [&] {
+    decay_forward_impl<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                                 x.data_ptr<scalar_t>(), s0.numel() ? s0.contiguous().data_ptr<scalar_t>() : nullptr,
+                                 o.data_ptr<scalar_t>(), starts.data_ptr<scalar_t>(), s_final.data_ptr<scalar_t>(),
+                                 m, n, c, dk, dv);
+  });
+  return {o, starts, s_final};
+}
+
+// Gradients of decay_forward's (o, S_final) except the final state's log-decay term: returns
+// dq, dk, dv, db (M, N, C: q.dq - k.dk per position) and dS0.
+std::vector<torch::Tensor> decay_backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor x,
+                                          torch::Tensor starts, torch::Tensor dout, torch::Tensor ds_final) {
+  for (auto* t : {&q, &k, &v, &x, &starts}) check(*t, "saved tensors");
+  dout = dout.contiguous();
+  ds_final = ds_final.contiguous();
+  const auto m = q.size(0), n = q.size(1), c = q.size(2), dk = q.size(3), dv = v.size(3);
+  auto dq = torch::empty_like(q), dkk = torch::empty_like(k), dvv = torch::empty_like(v);
+  auto db = torch::empty({m, n, c}, q.options()), ds0 = torch::empty({m, dk, dv}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decay_chunk_cpu_backward", [&] {
+    decay_backward_impl<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                                  x.data_ptr<scalar_t>(), starts.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(),
+                                  ds_final.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dkk.data_ptr<scalar_t>(),
+                                  dvv.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), ds0.data_ptr<scalar_t>(),
+                                  m, n, c, dk, dv);
+  });
+  return {dq, dkk, dvv, db, ds0};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused CPU chunk form of linear attention (forward)");
   m.def("backward", &backward, "fused CPU chunk form of linear attention (backward)");
+  m.def("decay_forward", &decay_forward, "fused CPU chunk form of scalar-decayed attention (forward)");
+  m.def("decay_backward", &decay_backward, "fused CPU chunk form of scalar-decayed attention (backward)");
 }
