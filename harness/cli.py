@@ -9,10 +9,11 @@ stopping the others.
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
+
+from harness.errors import in_one_line
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("task", "model", "trainer", "logger", "experiment")
@@ -126,8 +127,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             compose_config(overrides)
         except ValueError as exc:
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise  # Hydra's own switch for the full traceback, honoured here too
+            if not in_one_line(exc):
+                raise
             print(f"harness: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
 

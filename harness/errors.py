@@ -6,6 +6,8 @@ errors are ValueErrors (exit code 2) and are raised before any work starts.
 """
 from __future__ import annotations
 
+import os
+
 
 class RunError(RuntimeError):
     """A run that cannot go on; ``record`` holds extra fields for its results.json."""
@@ -17,3 +19,9 @@ class RunError(RuntimeError):
 
 class OutputError(RunError):
     """The output directory cannot be written: missing, not a directory, unwritable, full."""
+
+
+def in_one_line(exc: BaseException) -> bool:
+    """Whether exc is reported as one line: bad input (ValueError) and run errors, unless
+    HYDRA_FULL_ERROR=1 (Hydra's own switch, honoured everywhere) asks for the traceback."""
+    return isinstance(exc, (ValueError, RunError)) and os.environ.get("HYDRA_FULL_ERROR") != "1"

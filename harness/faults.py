@@ -13,8 +13,9 @@ A checkpoint is written only after a clean check, so the last checkpoint on disk
 """
 from __future__ import annotations
 
-from contextlib import ExitStack
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -29,7 +30,6 @@ POSITIVE_DENOMINATOR = ("elu", "favor", "taylor")  # phi >= 0, so phi(q).z > 0 w
 class Site:
     what: str              # "output", "denominator", "loss", "gradient"
     layer: int | None      # None: outside the blocks (embedding, final norm, output head)
-    mixer: str
 
 
 class NumericalFault(RunError, FloatingPointError):
@@ -55,11 +55,11 @@ class FaultWatch:
         self.sites: list[Site] = []
         for i, block in enumerate(self.blocks):
             if getattr(block.mixer, "family", None) == "linear":
-                self.sites.append(Site("denominator", i, mixer_name))
-            self.sites.append(Site("output", i, mixer_name))
-        self.sites.append(Site("loss", None, mixer_name))
-        self.sites += [Site("gradient", i, mixer_name) for i in reversed(range(len(self.blocks)))]
-        self.sites.append(Site("gradient", None, mixer_name))
+                self.sites.append(Site("denominator", i))
+            self.sites.append(Site("output", i))
+        self.sites.append(Site("loss", None))
+        self.sites += [Site("gradient", i) for i in reversed(range(len(self.blocks)))]
+        self.sites.append(Site("gradient", None))
         self._index = {s: i for i, s in enumerate(self.sites)}
         in_blocks = {id(p) for b in self.blocks for p in b.parameters()}
         self._param_groups = [[p for p in self.blocks[i].parameters() if p.requires_grad]
@@ -91,7 +91,7 @@ class FaultWatch:
         def hook(module, args, output):
             self._layer = None
             if self._armed:  # the sum is NaN or Inf exactly when some entry is (or it overflows)
-                self._flag(Site("output", layer, self.mixer), ~torch.isfinite(output.detach().sum()))
+                self._flag(Site("output", layer), ~torch.isfinite(output.detach().sum()))
         return hook
 
     def _denominator(self, den: torch.Tensor) -> None:
@@ -100,20 +100,22 @@ class FaultWatch:
         ok = torch.isfinite(den.sum())
         if self.positive:
             ok = ok & (den > 0).all()
-        self._flag(Site("denominator", self._layer, self.mixer), ~ok)
+        self._flag(Site("denominator", self._layer), ~ok)
 
-    def forward_pass(self) -> ExitStack:
+    @contextmanager
+    def forward_pass(self) -> Iterator[None]:
         """Context for the training forward pass: records outputs and denominators."""
-        stack = ExitStack()
-        stack.enter_context(watching_denominators(self._denominator))
         self._armed = True
-        stack.callback(setattr, self, "_armed", False)
-        return stack
+        try:
+            with watching_denominators(self._denominator):
+                yield
+        finally:
+            self._armed = False
 
     def clip_and_record(self, step: int, loss: torch.Tensor, max_norm: float) -> None:
         """Clip the gradients to ``max_norm`` (0: no clipping), as clip_grad_norm_ does, from the
         per-layer norms this check needs anyway; then fold the step's flags into ``first``."""
-        self._flag(Site("loss", None, self.mixer), ~torch.isfinite(loss.detach()))
+        self._flag(Site("loss", None), ~torch.isfinite(loss.detach()))
         norms = []
         for site, params in zip(self.sites[-len(self._param_groups):], self._param_groups):
             grads = [p.grad for p in params if p.grad is not None]
@@ -140,8 +142,8 @@ class FaultWatch:
         step, order = min(seen)
         site = self.sites[order]
         what = "denominator_any_sign" if site.what == "denominator" and not self.positive else site.what
-        where = (f"layer {site.layer} (mixer {site.mixer})" if site.layer is not None
-                 else f"the embedding/output head (model {site.mixer})")
+        where = (f"layer {site.layer} (mixer {self.mixer})" if site.layer is not None
+                 else f"the embedding/output head (model {self.mixer})")
         raise NumericalFault(f"numerical fault at step {step} in {where}: {_DESCRIBE[what]}",
-                             fault={"step": step, "layer": site.layer, "mixer": site.mixer,
+                             fault={"step": step, "layer": site.layer, "mixer": self.mixer,
                                     "check": site.what})

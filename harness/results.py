@@ -132,14 +132,13 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Atomic write: a killed run never leaves a half-written results.json behind."""
-    text = json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n"
-    atomic_write(path, lambda tmp: tmp.write_text(text))
-
-
 def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Atomic write: a killed run never leaves a half-written results.json behind."""
+    write_text(path, json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n")
 
 
 def read_results(run_dir: Path) -> dict[str, Any] | None:
@@ -184,7 +183,7 @@ class MetricsLog:
             self._file = open(path, "w")
             return
         kept = [line for line in path.read_text().splitlines()
-                if _row_step(line) is not None and _row_step(line) <= resume_step]
+                if (step := _row_step(line)) is not None and step <= resume_step]
         write_text(path, "".join(line + "\n" for line in kept))
         self._file = open(path, "a")
 

@@ -5,7 +5,6 @@ sweep goes on; `harness.sweep.SweepSummary` reports what failed and why at the e
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
@@ -14,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import OutputError, RunError
+from harness.errors import OutputError, RunError, in_one_line
 from harness.results import (RESULTS_FILE, base_results, config_hash, read_results, write_json,
                              write_text)
 
@@ -41,11 +40,12 @@ def find_completed(root: Path, digest: str) -> Path | None:
     return None
 
 
-def dispatch(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def dispatch(cfg: DictConfig, out_dir: Path, resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run cfg's mode; ``resume``: a training checkpoint already loaded from out_dir."""
     if cfg.mode == "train":
         from harness.train import train
 
-        return train(cfg, out_dir)
+        return train(cfg, out_dir, resume=resume)
     if cfg.mode == "probe":
         from harness.probe_run import probe_run
 
@@ -57,9 +57,10 @@ def dispatch(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     raise ValueError(f"unknown mode '{cfg.mode}'")
 
 
-def _output_dir(cfg: DictConfig, run_dir: Path | None) -> Path:
+def _output_dir(cfg: DictConfig, run_dir: Path | None) -> tuple[Path, dict[str, Any] | None]:
     """Where this run writes: `trainer.resume`, else `out_dir`, else Hydra's run directory;
-    created and written to (config.yaml) before any work, so a bad place fails first."""
+    created and written to (config.yaml) before any work, so a bad place fails first. Also
+    the checkpoint a training run there continues from (loaded once, here), or None."""
     from harness.checkpoint import find_resume, resume_dir
 
     out_dir = resume_dir(cfg) or (Path(cfg.out_dir) if cfg.out_dir else (run_dir or Path("outputs/run")))
@@ -67,15 +68,10 @@ def _output_dir(cfg: DictConfig, run_dir: Path | None) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create the output directory {out_dir}: {exc.strerror or exc}") from exc
-    if cfg.mode == "train":
-        find_resume(cfg, out_dir)  # a checkpoint of another config there is refused untouched
+    # before config.yaml: a checkpoint of another config there is refused with the directory untouched
+    saved = find_resume(cfg, out_dir) if cfg.mode == "train" else None
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    return out_dir
-
-
-def _fail_in_one_line(exc: BaseException) -> bool:
-    """Bad input (ValueError) and run errors print one line; HYDRA_FULL_ERROR=1 shows everything."""
-    return isinstance(exc, (ValueError, RunError)) and os.environ.get("HYDRA_FULL_ERROR") != "1"
+    return out_dir, saved
 
 
 def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool) -> dict[str, Any]:
@@ -84,7 +80,7 @@ def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool) -> dict[str, A
     if multirun and not cfg.sweep.fail_on_error:
         print(f"[harness] run failed ({type(exc).__name__}: {exc}); sweep continues", file=sys.stderr)
         return {"status": "failed", "error": str(exc)}
-    if _fail_in_one_line(exc):
+    if in_one_line(exc):
         print(f"harness: error: {exc}", file=sys.stderr)
         raise SystemExit(2 if isinstance(exc, ValueError) else 1) from None
     raise exc
@@ -93,7 +89,7 @@ def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool) -> dict[str, A
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     run_dir, multirun, sweep_dir = _hydra_context()
     try:
-        out_dir = _output_dir(cfg, run_dir)
+        out_dir, saved = _output_dir(cfg, run_dir)
     except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
         return _give_up(exc, cfg, multirun)
 
@@ -112,7 +108,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
             import torch
 
             torch.set_num_threads(cfg.trainer.threads)
-        return dispatch(cfg, out_dir)
+        return dispatch(cfg, out_dir, resume=saved)
     except KeyboardInterrupt:
         raise
     except Exception as exc:

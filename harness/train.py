@@ -209,13 +209,15 @@ def _restore(saved: dict[str, Any], model, opt, sched) -> LoopState:
     return loop
 
 
-def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
+def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None = None,
+          resume: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train cfg's model on its task; write metrics and results into out_dir.
 
     A checkpoint (`checkpoint.pt`) is written every `trainer.ckpt_every` steps; if out_dir
     already holds one of this configuration, training continues from it and ends exactly as
     an uninterrupted run would. ``on_step(step)`` is called after each optimizer step (and the
     loop's logging), before any evaluation: the loop benchmark times steps with it.
+    ``resume``: that checkpoint, when the caller has loaded it already (harness.run does).
     """
     from harness import checkpoint
     from harness.faults import FaultWatch, NumericalFault
@@ -229,7 +231,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         torch.use_deterministic_algorithms(True, warn_only=True)
     module, tcfg = task_config(cfg.task)
     mcfg = model_config(cfg.model)
-    saved = checkpoint.find_resume(cfg, out_dir)
+    saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
     eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)
     max_len = max(es.seq_len for es in eval_sets)
     train_len = module.make_batch(tcfg, 1, seed=0, device=device).inputs.shape[1]

@@ -7,12 +7,11 @@ parallel), so a chunk's q, k, v stay in cache through all of its products: the s
 mathematics, with the batched forms as the oracles of their tests. Their autograd Functions
 sit beside the batched ones (LinearChunkCPU, DecayChunkCPU).
 
-It is compiled with torch.utils.cpp_extension (about half a minute, cached in
+The extension is compiled with torch.utils.cpp_extension (about half a minute, cached in
 ~/.cache/torch_extensions) by scripts/setup.sh, or else on first use, and runs for float32 and
-float64 CPU inputs.
-Where it cannot be built or loaded (no compiler, a torch without its bundled MKL) the batched
-form runs instead, after one warning. ``set_fused_cpu(False)`` or HARNESS_FUSED_CPU=0 turns
-it off.
+float64 CPU inputs (the decayed form: scalar gates). Where it cannot be built or loaded (no
+compiler, a torch without its bundled MKL) the batched forms run instead, after one warning.
+``set_fused_cpu(False)`` or HARNESS_FUSED_CPU=0 turns it off.
 """
 from __future__ import annotations
 

@@ -90,6 +90,31 @@ void decay_mask(T* a, const T* b, int64_t c) {
   }
 }
 
+// A sequence's running state starts as its slice of `init` (size elements), or zeros without one.
+template <typename T>
+void start_state(T* state, const T* init, int64_t s, int64_t size) {
+  if (init) std::copy(init + s * size, init + (s + 1) * size, state); else std::fill(state, state + size, T(0));
+}
+
+// The decay factors of one chunk from its log decays x: b (the log decay from the chunk start),
+// fq = e^{b}, fk = e^{b_C - b}, and the scaled rows qs = fq q, ks = fk k. Returns b_C.
+template <typename T>
+T decay_factors(const T* x, const T* q, const T* k, int64_t c, int64_t dk, T* b, T* fq, T* fk, T* qs, T* ks) {
+  T acc = 0;
+  for (int64_t i = 0; i < c; ++i) b[i] = (acc += x[i]);
+  const T b_end = b[c - 1];
+  for (int64_t i = 0; i < c; ++i) {
+    fq[i] = std::exp(b[i]);
+    fk[i] = std::exp(b_end - b[i]);
+#pragma omp simd
+    for (int64_t d = 0; d < dk; ++d) {
+      qs[i * dk + d] = q[i * dk + d] * fq[i];
+      ks[i * dk + d] = k[i * dk + d] * fk[i];
+    }
+  }
+  return b_end;
+}
+
 // One BLAS thread inside each task: the tasks already use every core.
 struct SerialBlas {
   int previous;
@@ -107,8 +132,8 @@ void forward_impl(const T* q, const T* k, const T* v, const T* s0, const T* z0, 
     for (int64_t s = first; s < last; ++s) {
       T* S = s_final + s * dk * dv;  // the running state lives in the output
       T* z = z_final + s * dk;
-      if (s0) std::copy(s0 + s * dk * dv, s0 + (s + 1) * dk * dv, S); else std::fill(S, S + dk * dv, T(0));
-      if (z0) std::copy(z0 + s * dk, z0 + (s + 1) * dk, z); else std::fill(z, z + dk, T(0));
+      start_state(S, s0, s, dk * dv);
+      start_state(z, z0, s, dk);
       for (int64_t j = 0; j < n; ++j) {
         const int64_t ch = s * n + j;
         const T* Q = q + ch * c * dk;
@@ -237,10 +262,10 @@ void decay_forward_impl(const T* q, const T* k, const T* v, const T* x, const T*
                         T* s_final, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv) {
   at::parallel_for(0, m, 1, [&](int64_t first, int64_t last) {
     SerialBlas serial;
-    std::vector<T> a(c * c), b(c), qs(c * dk), ks(c * dk);
+    std::vector<T> a(c * c), b(c), fq(c), fk(c), qs(c * dk), ks(c * dk);
     for (int64_t s = first; s < last; ++s) {
       T* S = s_final + s * dk * dv;
-      if (s0) std::copy(s0 + s * dk * dv, s0 + (s + 1) * dk * dv, S); else std::fill(S, S + dk * dv, T(0));
+      start_state(S, s0, s, dk * dv);
       for (int64_t j = 0; j < n; ++j) {
         const int64_t ch = s * n + j;
         const T* Q = q + ch * c * dk;
@@ -249,17 +274,7 @@ void decay_forward_impl(const T* q, const T* k, const T* v, const T* x, const T*
         const T* X = x + ch * c;
         T* O = o + ch * c * dv;
         std::copy(S, S + dk * dv, starts + ch * dk * dv);
-        T acc = 0;
-        for (int64_t i = 0; i < c; ++i) b[i] = (acc += X[i]);
-        const T b_end = b[c - 1];
-        for (int64_t i = 0; i < c; ++i) {
-          const T fq = std::exp(b[i]), fk = std::exp(b_end - b[i]);
-#pragma omp simd
-          for (int64_t d = 0; d < dk; ++d) {
-            qs[i * dk + d] = Q[i * dk + d] * fq;
-            ks[i * dk + d] = K[i * dk + d] * fk;
-          }
-        }
+        const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
         mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // q k^T, then the decay mask
         decay_mask(a.data(), b.data(), c);
         mm<T>(false, false, c, dv, dk, qs.data(), dk, S, dv, T(0), O, dv);  // e^b q S
@@ -291,18 +306,7 @@ void decay_backward_impl(const T* q, const T* k, const T* v, const T* x, const T
         const T* X = x + ch * c;
         const T* dO = dout + ch * c * dv;
         const T* S = starts + ch * dk * dv;
-        T acc = 0;
-        for (int64_t i = 0; i < c; ++i) b[i] = (acc += X[i]);
-        const T b_end = b[c - 1];
-        for (int64_t i = 0; i < c; ++i) {
-          fq[i] = std::exp(b[i]);
-          fk[i] = std::exp(b_end - b[i]);
-#pragma omp simd
-          for (int64_t d = 0; d < dk; ++d) {
-            qs[i * dk + d] = Q[i * dk + d] * fq[i];
-            ks[i * dk + d] = K[i * dk + d] * fk[i];
-          }
-        }
+        const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
         std::fill(mask.begin(), mask.end(), T(1));
         decay_mask(mask.data(), b.data(), c);
         mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // A, recomputed
