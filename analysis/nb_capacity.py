@@ -17,7 +17,7 @@
 # N key/value pairs superposed in a d-dimensional state give a signal of 1 and crosstalk of
 # about sqrt(N/d), so SNR = sqrt(d/N). Top-1 recall is not the SNR: the correct value only has
 # to beat the other candidates, so recall survives past N = d. Here each mixer's accuracy on
-# the interference task is laid against N/d, with harness.theory's predicted accuracy over it.
+# the interference task is laid against N/d, with harness.measure.theory's predicted accuracy over it.
 #
 # Results come from `$HARNESS_RESULTS/capacity` (default `results/quick/capacity`), the sweep
 # `python -m harness -m +experiment=capacity`.

@@ -1,6 +1,6 @@
 """Failures that end a run for a reason one line can state.
 
-`harness.run` prints such an error as one line (`harness: error: ...`, exit code 1) and
+`harness.run.job` prints such an error as one line (`harness: error: ...`, exit code 1) and
 records it in results.json; anything else is a bug and keeps its traceback. Configuration
 errors are ValueErrors (exit code 2) and are raised before any work starts.
 """

@@ -19,8 +19,8 @@ from harness.bench import cases, report
 from harness.bench.__main__ import main as bench_main
 from harness.bench.loop import _window
 from harness.bench.memory import peak_memory
-from harness.cli import compose_config
-from harness.run import run_job
+from harness.config.compose import compose_config
+from harness.run.job import run_job
 
 TINY = ["--seq-lens", "16,32", "--batch", "1", "--heads", "2", "--head-dim", "8", "--repeats", "1",
         "--decode-contexts", "8,32", "--decode-repeats", "2", "--limit-seq-len", "32", "--threads", "1"]

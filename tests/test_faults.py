@@ -5,11 +5,11 @@ import os
 import pytest
 import torch
 
-from harness.checkpoint import CHECKPOINT_FILE
-from harness.cli import compose_config
+from harness.outputs.checkpoint import CHECKPOINT_FILE
+from harness.config.compose import compose_config
 from harness.layers.kernel import KernelAttention
-from harness.results import write_json
-from harness.run import run_job
+from harness.outputs.results import write_json
+from harness.run.job import run_job
 
 RUN = ["task=recall", "model=elu", "model.d_model=32", "logger=none", "trainer.max_steps=60",
        "trainer.batch_size=8", "trainer.eval_every=30", "trainer.eval_examples=16",
@@ -71,7 +71,7 @@ def test_non_positive_kernel_denominator_is_caught_not_floored(tmp_path, capsys,
 
 def test_a_sweep_goes_on_after_a_numerical_fault(tmp_path, monkeypatch):
     """In a sweep the failed run is recorded and the call returns, so the next run starts."""
-    from harness import run as run_module
+    from harness.run import job as run_module
 
     monkeypatch.setattr(run_module, "_hydra_context", lambda: (None, True, tmp_path))
     monkeypatch.setattr(torch.nn.functional, "cross_entropy",

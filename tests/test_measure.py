@@ -9,7 +9,7 @@ import torch
 from scipy.stats import spearmanr
 
 from harness.hooks import capture
-from harness.measure import (
+from harness.measure.trained import (
     answer_span,
     crosstalk_mass,
     decay_gain_sq,
@@ -245,7 +245,7 @@ def test_predicted_snr_without_decay_counts_positions():
 
 
 def test_measure_on_a_real_task_batch():
-    from tasks import get_task
+    from harness.tasks import get_task
 
     task = get_task("recall")
     cfg = task.Config()

@@ -1,4 +1,4 @@
-"""harness.probe: random memories measured against harness.theory.
+"""harness.measure.probe: random memories measured against harness.measure.theory.
 
 Statistical tolerances are stated where they are used. Every run is seeded, so a test that
 passes once passes always; the tolerances say how far a new seed could move the numbers.
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import probe, theory
+from harness.measure import probe, theory
 
 LAW_DS = (32, 64, 128)
 LAW_MULTIPLES = (1, 2, 4, 8, 16, 32, 64)  # N = d .. 64 d

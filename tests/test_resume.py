@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from harness.checkpoint import CHECKPOINT_FILE
-from harness.cli import compose_config
-from harness.run import run_job
+from harness.outputs.checkpoint import CHECKPOINT_FILE
+from harness.config.compose import compose_config
+from harness.run.job import run_job
 
 # Small enough to be quick, long enough (200 steps, a checkpoint every 20) to be killed mid-way.
 RUN = ["task=recall", "model=elu", "model.d_model=32", "logger=none", "trainer.max_steps=200",
@@ -125,7 +125,7 @@ def fails_in_one_line(overrides, capsys) -> str:
 
 def test_resume_option_continues_a_run_in_its_directory(tmp_path, monkeypatch):
     """trainer.resume=<dir> picks up that directory's checkpoint, even when launched elsewhere."""
-    from harness import train as train_module
+    from harness.train import loop as train_module
 
     whole = run(tmp_path / "whole")
     stop = train_module.evaluate
@@ -147,8 +147,8 @@ def test_resume_option_continues_a_run_in_its_directory(tmp_path, monkeypatch):
 
 
 def test_checkpoint_of_another_config_is_refused_by_name(tmp_path, capsys):
-    from harness import checkpoint
-    from harness.results import config_hash, flat_config
+    from harness.outputs import checkpoint
+    from harness.outputs.results import config_hash, flat_config
 
     cut = tmp_path / "run"
     cut.mkdir()

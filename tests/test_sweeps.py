@@ -5,8 +5,8 @@ import json
 import pytest
 
 from analysis.loader import load_results
-from harness import wandb_sweeps
-from harness.cli import compose_config
+from harness.run import wandb_sweeps
+from harness.config.compose import compose_config
 
 TINY = ["task=recall", "trainer=debug", "logger=none", "trainer.measure=false",
         "trainer.checkpoint=false"]
@@ -87,7 +87,7 @@ def _grid(params: dict) -> list[list[str]]:
 def test_experiment_files_compose():
     import yaml
 
-    from harness.cli import CONF_DIR
+    from harness.config.compose import CONF_DIR
 
     root = CONF_DIR / "experiment"
     names = sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))

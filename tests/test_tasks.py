@@ -7,9 +7,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tasks import TASKS, get_task
-from tasks import induction, interference, recall
-from tasks.base import IGNORE, NO_SLICE, PAD, balanced_choice, make_generator, power_law_offsets
+from harness.tasks import TASKS, get_task
+from harness.tasks import induction, interference, recall
+from harness.tasks.base import IGNORE, NO_SLICE, PAD, balanced_choice, make_generator, power_law_offsets
 
 
 def _check_common(batch, slice_name: str) -> None:

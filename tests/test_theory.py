@@ -1,4 +1,4 @@
-"""harness.theory: the crosstalk law, decay-weighted pair counts, kernel dimensions and the
+"""harness.measure.theory: the crosstalk law, decay-weighted pair counts, kernel dimensions and the
 accuracy model, each against an independent computation (closed forms, scipy quadrature,
 a plain recurrence, or a Monte Carlo of the stated noise model)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import integrate, special
 
-from harness import theory
+from harness.measure import theory
 
 
 # --------------------------------------------------------------------------------------------

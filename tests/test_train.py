@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from harness.cli import compose_config
-from harness.run import run_job
+from harness.config.compose import compose_config
+from harness.run.job import run_job
 
 TASKS = ["recall", "induction", "interference"]
 MODELS = ["softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba"]
@@ -65,7 +65,7 @@ def test_checkpoint_reloads_into_the_same_model(tmp_path):
 
 
 def test_on_step_is_called_once_per_step_in_order(tmp_path):
-    from harness.train import train
+    from harness.train.loop import train
 
     cfg = compose_config(["trainer=debug", "logger=none", "trainer.measure=false", f"out_dir={tmp_path}"])
     steps = []

@@ -1,13 +1,14 @@
 """Every bad config value stops before any work: exit code 2 and one line naming the key.
 
-The table runs in-process through `harness.cli.main` (Hydra is initialised once per process,
+The table runs in-process through `harness.run.cli.main` (Hydra is initialised once per process,
 so a case costs one compose); tests/test_cli.py keeps a few real-process checks.
 """
 import sys
 
 import pytest
 
-from harness import cli
+from harness.config.compose import compose_config
+from harness.run import cli
 
 # (overrides, key the line must name, fragment saying what is wrong or allowed)
 CASES = [
@@ -87,7 +88,7 @@ CASES = [
 
 @pytest.fixture
 def precheck(monkeypatch, tmp_path, capsys):
-    """Run `harness.cli.main` on overrides; return (exit code, non-empty stderr lines, out dir).
+    """Run `harness.run.cli.main` on overrides; return (exit code, non-empty stderr lines, out dir).
 
     A config the pre-check wrongly lets through must not train: the job is replaced by one
     that fails at once, which Hydra reports with exit code 1, not 2.
@@ -95,7 +96,7 @@ def precheck(monkeypatch, tmp_path, capsys):
     def refuse(cfg):
         raise AssertionError("the pre-check let a bad config through")
 
-    monkeypatch.setattr("harness.run.run_job", refuse)
+    monkeypatch.setattr("harness.run.job.run_job", refuse)
     monkeypatch.setattr(sys, "argv", ["harness"])  # main rewrites it for hydra.main
 
     def run(overrides: list[str]):
@@ -134,4 +135,4 @@ def test_unknown_choice_names_every_valid_option(precheck):
 ])
 def test_edge_values_pass_the_precheck(overrides):
     """Values at the edge of what is allowed compose and validate without error."""
-    cli.compose_config([*overrides, "logger=none"])
+    compose_config([*overrides, "logger=none"])

@@ -126,7 +126,7 @@ def test_a_failing_call_warns_once_and_later_calls_do_nothing(monkeypatch, tmp_p
     """log, summary and finish are guarded like init (in process, with wandb.init faked)."""
     import wandb
 
-    from harness.wandb_logger import WandbLogger
+    from harness.outputs.wandb_logger import WandbLogger
 
     class BrokenRun:
         calls = 0

@@ -1,6 +1,6 @@
 """Theory drawn over the data.
 
-The curves come from ``harness.theory`` (predicted SNR and accuracy) and ``harness.ops``
+The curves come from ``harness.measure.theory`` (predicted SNR and accuracy) and ``harness.ops``
 (state accounting), imported only when a figure needs them. Where a function is absent or
 fails, the closed form stands in (SNR, state sizes) or the curve is left out (accuracy),
 and the returned note says which, so that the figure can print it.
@@ -23,34 +23,34 @@ def _function(module: str, name: str):
 def snr_curve(d: float, n) -> tuple[np.ndarray, str]:
     """Predicted SNR of a d-dimensional state holding n pairs, and where it came from.
 
-    harness.theory counts the pairs other than the one read (n_eff = N - 1); the closed
+    harness.measure.theory counts the pairs other than the one read (n_eff = N - 1); the closed
     form sqrt(d/N) of the spec counts them all, the two agreeing for N >> 1.
     """
     n = np.asarray(n, dtype=float)
-    fn = _function("harness.theory", "predicted_snr")
+    fn = _function("harness.measure.theory", "predicted_snr")
     if fn is not None:
         try:
-            return np.asarray(fn(d, n - 1), dtype=float), "SNR: harness.theory.predicted_snr"
+            return np.asarray(fn(d, n - 1), dtype=float), "SNR: harness.measure.theory.predicted_snr"
         except Exception as err:  # a module under development falls back visibly
-            return np.sqrt(d / n), f"SNR: closed form sqrt(d/N) (harness.theory.predicted_snr failed: {err})"
-    return np.sqrt(d / n), "SNR: closed form sqrt(d/N) (harness.theory.predicted_snr not available)"
+            return np.sqrt(d / n), f"SNR: closed form sqrt(d/N) (harness.measure.theory.predicted_snr failed: {err})"
+    return np.sqrt(d / n), "SNR: closed form sqrt(d/N) (harness.measure.theory.predicted_snr not available)"
 
 
 def accuracy_curve(d: float, n, *, candidates: int, value_dim: int) -> tuple[np.ndarray | None, str]:
     """Predicted top-1 recall of n pairs in a d-dimensional state, values scored against
-    ``candidates`` values of dimension ``value_dim`` (harness.theory's Gaussian crosstalk model).
+    ``candidates`` values of dimension ``value_dim`` (harness.measure.theory's Gaussian crosstalk model).
 
-    None when harness.theory cannot give it: no closed form stands in for the integral.
+    None when harness.measure.theory cannot give it: no closed form stands in for the integral.
     """
     snr, source = snr_curve(d, n)
-    fn = _function("harness.theory", "predicted_accuracy")
+    fn = _function("harness.measure.theory", "predicted_accuracy")
     if fn is None:
-        return None, "predicted accuracy not drawn: harness.theory.predicted_accuracy not available"
+        return None, "predicted accuracy not drawn: harness.measure.theory.predicted_accuracy not available"
     try:
         acc = np.asarray(fn(np.atleast_1d(snr), int(candidates), int(value_dim)), dtype=float)
     except Exception as err:
-        return None, f"predicted accuracy not drawn: harness.theory.predicted_accuracy failed: {err}"
-    return acc, "accuracy: harness.theory.predicted_accuracy"
+        return None, f"predicted accuracy not drawn: harness.measure.theory.predicted_accuracy failed: {err}"
+    return acc, "accuracy: harness.measure.theory.predicted_accuracy"
 
 
 def state_sizes(d_k: int, d_v: int, n) -> dict:

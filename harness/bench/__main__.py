@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     from harness.bench.report import format_summary, format_tables
     from harness.bench.run import run_benchmark
-    from harness.results import write_json
+    from harness.outputs.results import write_json
 
     cfg = config_from_args(args)
     result = run_benchmark(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))

@@ -1,6 +1,6 @@
 """Loop efficiency: training steps per second of the real loop over those of a bare loop.
 
-The real loop is harness.train.train itself, run on a composed configuration (the default
+The real loop is harness.train.loop.train itself, run on a composed configuration (the default
 recall configuration unless told otherwise) with its progress bar, logging and metrics in
 place; only the evaluation is moved to the end (trainer.eval_every = max_steps) and the
 end-of-run measurements and checkpoint are off, as they are not training steps. Its steps
@@ -29,7 +29,7 @@ from harness.bench.timing import median, sync
 
 
 def loop_config(overrides: list[str], steps: int, device: str, out_dir: Path):
-    from harness.cli import compose_config
+    from harness.config.compose import compose_config
 
     fixed = ["logger=none", "trainer.progress=false", "trainer.measure=false", "trainer.checkpoint=false",
              f"trainer.max_steps={steps}", f"trainer.eval_every={steps}", "trainer.target_accuracy=null",
@@ -52,8 +52,8 @@ def _window(stamps: list[float], log_every: int, data_chunk: int, device: torch.
 
 
 def time_train_loop(cfg) -> float:
-    """Steps per second of harness.train.train on cfg (its step loop only)."""
-    from harness.train import select_device, train
+    """Steps per second of harness.train.loop.train on cfg (its step loop only)."""
+    from harness.train.loop import select_device, train
 
     device = select_device(cfg.trainer.device)
     stamps: list[float] = []
@@ -68,8 +68,8 @@ def time_train_loop(cfg) -> float:
 def time_bare_loop(cfg, steps: int, warmup: int = 3) -> float:
     """Steps per second of forward + backward + optimizer alone on cfg's model and batch size."""
     from harness.model import LanguageModel
-    from harness.train import _autocast_factory, build_optimizer, lm_loss, select_device
-    from harness.validate import model_config, task_config
+    from harness.train.loop import _autocast_factory, build_optimizer, lm_loss, select_device
+    from harness.config.validate import model_config, task_config
 
     tr = cfg.trainer
     device = select_device(tr.device)

@@ -187,7 +187,7 @@ def set_limit_ratios(rows: list[dict], rate: float) -> None:
 
 
 def env_summary(device: torch.device) -> dict[str, Any]:
-    from harness.results import env_info
+    from harness.outputs.results import env_info
 
     info = env_info(str(device))
     info["threads"] = torch.get_num_threads()
@@ -257,4 +257,4 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
                                "1024^3 float32 GEMM measured in the same run)",
                 "crossover": "shortest measured T from which the chunk form is faster than the parallel form",
                 "decode growth": "one step at the longest context / one step at the shortest",
-                "loop efficiency": "steps/s of harness.train.train / steps/s of bare forward+backward+optimizer"}}
+                "loop efficiency": "steps/s of harness.train.loop.train / steps/s of bare forward+backward+optimizer"}}

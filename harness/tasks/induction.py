@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks.base import (Batch, as_config, check_call, check_int, empty_labels, make_generator,
+from harness.tasks.base import (Batch, as_config, check_call, check_int, empty_labels, make_generator,
                         randint, require, sample_distinct, uniform)
 
 NAME = "induction"

@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from harness.model import ModelConfig
-from tasks import TASKS, get_task
+from harness.tasks import TASKS, get_task
 
 
 @dataclass

@@ -64,7 +64,7 @@ def config_hash(cfg: DictConfig | dict) -> str:
 
 def _git_commit() -> str | None:
     try:
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parent  # a clone: the repository; installed: not a git tree
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, timeout=5)
         return out.stdout.strip() or None

@@ -7,12 +7,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from harness.results import RESULTS_FILE, base_results, env_info, write_json
+from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
 
 
 def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-    from harness.probe import run_probe
-    from harness.train import select_device
+    from harness.measure.probe import run_probe
+    from harness.train.loop import select_device
 
     started = time.time()
     device = select_device(cfg.trainer.device)

@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
+from harness.tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
                         empty_labels, make_generator, power_law_offsets, require, sample_distinct,
                         validate_settings)
 

@@ -1,21 +1,16 @@
-"""Command-line entry: a strict pre-check, then Hydra.
+"""Composing a run's config with Hydra's compose API, every failure as one readable line.
 
 Hydra reports composition errors over several lines and a stack-trace hint. A researcher who
 misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
-model is built, so a single run is first composed here with Hydra's compose API and any error
-is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. Sweeps
-(`-m`) skip the pre-check: each job validates itself, and a failing job is recorded without
-stopping the others.
+model is built: `compose_config` composes exactly what a run would see, turns any error into a
+ConfigError (a ValueError whose message is one line) and validates the result.
 """
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
-from harness.errors import in_one_line
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # harness/conf, shipped with the package
 GROUPS = ("task", "model", "trainer", "logger", "experiment")
 
 
@@ -96,8 +91,8 @@ def compose_config(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.config import register
-    from harness.validate import validate_config
+    from harness.config.schema import register
+    from harness.config.validate import validate_config
 
     register()
     if not GlobalHydra.instance().is_initialized():
@@ -110,36 +105,3 @@ def compose_config(overrides: list[str]):
         raise ConfigError(_one_line_compose_error(exc, overrides)) from exc
     validate_config(cfg)
     return cfg
-
-
-def _is_multirun(argv: list[str]) -> bool:
-    return any(a in ("-m", "--multirun") for a in argv)
-
-
-def _wants_hydra_only(argv: list[str]) -> bool:
-    return any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not _is_multirun(argv) and not _wants_hydra_only(argv):
-        overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")]
-        try:
-            compose_config(overrides)
-        except ValueError as exc:
-            if not in_one_line(exc):
-                raise
-            print(f"harness: error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
-
-    import hydra
-    from hydra.core.global_hydra import GlobalHydra
-
-    from harness.config import register
-
-    GlobalHydra.instance().clear()  # the pre-check's compose context; hydra.main makes its own
-    from harness.run import run_job
-
-    register()
-    sys.argv = [sys.argv[0], *argv]
-    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_job)()

@@ -7,7 +7,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from harness.results import RESULTS_FILE, read_results
+from harness.outputs.results import RESULTS_FILE, read_results
 
 
 def summarise(sweep_dir: Path) -> dict[str, list]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from tasks import induction, interference, recall
-from tasks.base import IGNORE, PAD, Batch
+from harness.tasks import induction, interference, recall
+from harness.tasks.base import IGNORE, PAD, Batch
 
 TASKS: dict[str, ModuleType] = {m.NAME: m for m in (induction, interference, recall)}
 

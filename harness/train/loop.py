@@ -21,9 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from harness.errors import RunError
-from harness.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
+from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
                              flat_config, write_json)
-from harness.validate import model_config, task_config
+from harness.config.validate import model_config, task_config
 
 IGNORE = -100
 
@@ -135,7 +135,7 @@ def _autocast_factory(device: torch.device, precision: str):
 
 
 def _measure(model, eval_sets: list[EvalSet], examples: int) -> dict[str, Any]:
-    from harness.measure import measure_model
+    from harness.measure.trained import measure_model
 
     heads, summary = [], {}
     for i, es in enumerate(eval_sets):
@@ -188,8 +188,8 @@ class LoopState:
 
 
 def _checkpoint_payload(cfg, model, opt, sched, loop: LoopState, logger) -> dict[str, Any]:
-    from harness import checkpoint
-    from harness.results import config_hash
+    from harness.outputs import checkpoint
+    from harness.outputs.results import config_hash
 
     return {"format": checkpoint.FORMAT, "step": loop.step, "config_hash": config_hash(cfg),
             "config": flat_config(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
@@ -198,7 +198,7 @@ def _checkpoint_payload(cfg, model, opt, sched, loop: LoopState, logger) -> dict
 
 
 def _restore(saved: dict[str, Any], model, opt, sched) -> LoopState:
-    from harness import checkpoint
+    from harness.outputs import checkpoint
 
     model.load_state_dict(saved["model"])
     opt.load_state_dict(saved["optimizer"])  # moves the moments onto the parameters' device
@@ -217,10 +217,10 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     already holds one of this configuration, training continues from it and ends exactly as
     an uninterrupted run would. ``on_step(step)`` is called after each optimizer step (and the
     loop's logging), before any evaluation: the loop benchmark times steps with it.
-    ``resume``: that checkpoint, when the caller has loaded it already (harness.run does).
+    ``resume``: that checkpoint, when the caller has loaded it already (harness.run.job does).
     """
-    from harness import checkpoint
-    from harness.faults import FaultWatch, NumericalFault
+    from harness.outputs import checkpoint
+    from harness.train.faults import FaultWatch, NumericalFault
     from harness.model import LanguageModel
 
     started = time.time()
@@ -250,7 +250,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     ckpt_path = out_dir / checkpoint.CHECKPOINT_FILE
     ckpt_step = loop.step if saved is not None else None
 
-    from harness.wandb_logger import make_logger
+    from harness.outputs.wandb_logger import make_logger
 
     flat = flat_config(cfg)
     logger = make_logger(cfg.logger, flat, out_dir, name=f"{cfg.task.name}-{mcfg.name}",

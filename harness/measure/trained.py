@@ -22,7 +22,7 @@ causal prefix (for softmax and positive feature maps p = a).
 SNR, measured: at a query position i with answer position t, signal = a_it v_t and noise =
 o_i - signal; per (layer, head, slice) SNR = sqrt(sum_i |signal_i|^2 / sum_i |noise_i|^2).
 
-SNR, predicted (harness.theory.predicted_snr): sqrt(d_eff / N_eff) with d_eff = the state's key
+SNR, predicted (harness.measure.theory.predicted_snr): sqrt(d_eff / N_eff) with d_eff = the state's key
 dimension (model.d_key: d_head, m for favor, 1 + d + d^2 for taylor) and N_eff the crosstalk
 count of theory.crosstalk_pairs: for a read at i of target t,
 
@@ -50,7 +50,7 @@ from typing import Optional
 import torch
 
 from harness.hooks import capture
-from harness.theory import predicted_snr
+from harness.measure.theory import predicted_snr
 
 METRICS = ("entropy", "norm_entropy", "eff_support", "max_weight", "target_weight", "target_rank", "monotonicity")
 

@@ -12,7 +12,7 @@ import re
 from omegaconf import DictConfig, OmegaConf
 
 from harness import checks
-from harness.config import (MODES, Config, CostConfig, LoggerConfig, ProbeConfig, SweepConfig,
+from harness.config.schema import (MODES, Config, CostConfig, LoggerConfig, ProbeConfig, SweepConfig,
                             TrainerConfig, task_schema)
 from harness.model import ModelConfig
 from harness.model import validate as validate_model
@@ -29,7 +29,7 @@ SEED_MAX = 2**63 - 1  # torch.manual_seed and the task streams take a signed 64-
 
 def task_config(task: DictConfig):
     """The task's own Config dataclass instance (without the group's `name`)."""
-    from tasks import get_task
+    from harness.tasks import get_task
 
     module = get_task(task.name)
     names = {f.name for f in dataclasses.fields(module.Config)}
@@ -95,7 +95,7 @@ def _check_logger(lg: dict) -> None:
 
 
 def _check_probe(pr: dict) -> None:
-    # The probe's read-out needs two sizes and two candidates to compare (harness.probe.probe_row).
+    # The probe's read-out needs two sizes and two candidates to compare (harness.measure.probe.probe_row).
     checks.int_list("probe.d", pr["d"], minimum=2)
     checks.int_list("probe.n", pr["n"], minimum=2, nullable=True)
     checks.integer("probe.candidates", pr["candidates"], minimum=2)
@@ -113,7 +113,7 @@ def _check_cost(co: dict) -> None:
 def _check_cost_family(cfg: DictConfig) -> None:
     """mode=cost times only the forms the model's family has (softmax has no chunk form)."""
     from harness.bench.cases import FORMS
-    from harness.cost_run import model_family
+    from harness.run.cost_mode import model_family
 
     family, _ = model_family(cfg.model, cfg.cost.head_dim)
     forms = list(cfg.cost.forms)

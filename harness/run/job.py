@@ -1,7 +1,7 @@
 """One Hydra job: validate, skip if already done, dispatch on `mode`, record the outcome.
 
 In a sweep a failing job writes a results.json with status "failed" and its error, and the
-sweep goes on; `harness.sweep.SweepSummary` reports what failed and why at the end.
+sweep goes on; `harness.run.sweep.SweepSummary` reports what failed and why at the end.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import OutputError, RunError, in_one_line
-from harness.results import (RESULTS_FILE, base_results, config_hash, read_results, write_json,
+from harness.outputs.results import (RESULTS_FILE, base_results, config_hash, read_results, write_json,
                              write_text)
 
 
@@ -43,15 +43,15 @@ def find_completed(root: Path, digest: str) -> Path | None:
 def dispatch(cfg: DictConfig, out_dir: Path, resume: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run cfg's mode; ``resume``: a training checkpoint already loaded from out_dir."""
     if cfg.mode == "train":
-        from harness.train import train
+        from harness.train.loop import train
 
         return train(cfg, out_dir, resume=resume)
     if cfg.mode == "probe":
-        from harness.probe_run import probe_run
+        from harness.run.probe_mode import probe_run
 
         return probe_run(cfg, out_dir)
     if cfg.mode == "cost":
-        from harness.cost_run import cost_run
+        from harness.run.cost_mode import cost_run
 
         return cost_run(cfg, out_dir)
     raise ValueError(f"unknown mode '{cfg.mode}'")
@@ -61,7 +61,7 @@ def _output_dir(cfg: DictConfig, run_dir: Path | None) -> tuple[Path, dict[str, 
     """Where this run writes: `trainer.resume`, else `out_dir`, else Hydra's run directory;
     created and written to (config.yaml) before any work, so a bad place fails first. Also
     the checkpoint a training run there continues from (loaded once, here), or None."""
-    from harness.checkpoint import find_resume, resume_dir
+    from harness.outputs.checkpoint import find_resume, resume_dir
 
     out_dir = resume_dir(cfg) or (Path(cfg.out_dir) if cfg.out_dir else (run_dir or Path("outputs/run")))
     try:
@@ -99,7 +99,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
             print(f"[harness] skip: results for this config exist in {done}")
             return {"status": "skipped", "dir": str(done)}
 
-    from harness.validate import validate_config
+    from harness.config.validate import validate_config
 
     started = time.time()
     try:

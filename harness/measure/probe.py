@@ -2,7 +2,7 @@
 
 For each (model, d, N): N random keys and values are written into the mixer's state, stored
 keys are read back, and the read-out is split into signal and crosstalk exactly as
-`harness.theory` describes; no N x N matrix is ever built.
+`harness.measure.theory` describes; no N x N matrix is ever built.
 
 What is written.
   keys     uniform on the sphere of radius sqrt(d) (unit-variance coordinates);
@@ -39,11 +39,11 @@ How each mixer reads (a_ij are the effective weights, o_i = sum_j a_ij v_j).
 What is measured (per read i, target i).
   signal_i = a_ii v_i, noise_i = o_i - signal_i.
   snr_measured = sqrt(sum_i |signal_i|^2 / sum_i |noise_i|^2) over every read of the row (a
-    ratio of means, the same aggregate as harness.measure uses on trained models).
+    ratio of means, the same aggregate as harness.measure.trained uses on trained models).
   acc_measured = fraction of reads whose read-out scores highest (dot product) on the target's
     codebook entry among all C.
 
-What is predicted (harness.theory).
+What is predicted (harness.measure.theory).
   snr_predicted = sqrt(d_eff / n_eff): d_eff = the state's key dimension (d for linear, elu,
     retnet, mamba; m for favor; 1 + d + d^2 for taylor; d for softmax, which has no finite
     state: the linear-memory reference it is compared against); n_eff = the aggregate
@@ -89,7 +89,7 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
-from harness import theory
+from harness.measure import theory
 
 MODELS = ("linear", "elu", "favor", "softmax", "retnet", "mamba")
 ALL_MODELS = MODELS + ("taylor",)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from harness.results import RESULTS_FILE, base_results, env_info, write_json
+from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
 
 MAX_CALL_S = 2.0  # a call predicted (from the previous length) to take longer is skipped
 KERNEL_FEATURES = {"linear": "identity", "elu": "elu1", "favor": "favor", "taylor": "taylor"}
@@ -51,7 +51,7 @@ def cost_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from harness.bench.report import crossovers, format_tables, limit_ratios, memory_exponents
     from harness.bench.run import BenchConfig, measure_forms
     from harness.bench.timing import median
-    from harness.train import select_device
+    from harness.train.loop import select_device
 
     started = time.time()
     cc = cfg.cost

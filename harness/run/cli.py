@@ -1,0 +1,50 @@
+"""Command-line entry: a strict pre-check, then Hydra.
+
+Hydra reports composition errors over several lines and a stack-trace hint. A researcher who
+misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
+model is built, so a single run is first composed here with Hydra's compose API and any error
+is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. Sweeps
+(`-m`) skip the pre-check: each job validates itself, and a failing job is recorded without
+stopping the others.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness.config.compose import CONF_DIR, compose_config
+from harness.errors import in_one_line
+
+
+
+def _is_multirun(argv: list[str]) -> bool:
+    return any(a in ("-m", "--multirun") for a in argv)
+
+
+def _wants_hydra_only(argv: list[str]) -> bool:
+    return any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not _is_multirun(argv) and not _wants_hydra_only(argv):
+        overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")]
+        try:
+            compose_config(overrides)
+        except ValueError as exc:
+            if not in_one_line(exc):
+                raise
+            print(f"harness: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.config.schema import register
+
+    GlobalHydra.instance().clear()  # the pre-check's compose context; hydra.main makes its own
+    from harness.run.job import run_job
+
+    register()
+    sys.argv = [sys.argv[0], *argv]
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_job)()
