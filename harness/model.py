@@ -7,33 +7,44 @@ norms and call harness.ops; this file only wires them together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from harness import checks, ops
+from harness import checks
 from harness.hooks import HookPoint
-from harness.layers import MLP, Mixer, build_mixer, make_norm
-from harness.layers.common import NORMS, qk_width
+from harness.layers import MLP, make_norm, registry
+from harness.layers.parts import NORMS, qk_width
+from harness.layers.protocol import state_size
 
-MODEL_NAMES = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
 FORMS = ("chunk", "parallel", "recurrent")
 GATES = ("scalar", "per_dim")
 FAVOR_REDRAW = ("never", "step")
 POS_EMBS = ("none", "learned")
 
 
+def open_mapping():
+    """An empty mapping that accepts new keys inside Hydra's struct-mode config (a plain dict
+    outside OmegaConf would be closed once Hydra sets struct mode on the composed config)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({}, flags={"struct": False})
+
+
 def uses_learned_positions(cfg: "ModelConfig") -> bool:
-    """Softmax attention has no other position signal (no recurrence, rotary off by default);
-    learned absolute positions, as in GPT-2 and Zoology's attention baseline, are its default."""
-    return (cfg.name == "softmax") if cfg.pos_emb is None else cfg.pos_emb == "learned"
+    """model.pos_emb, or the mixer's own default when null: learned absolute positions for a
+    mixer with no other position signal (softmax, as in GPT-2 and Zoology's attention baseline)."""
+    if cfg.pos_emb is not None:
+        return cfg.pos_emb == "learned"
+    return bool(getattr(registry.resolve(cfg.name), "wants_learned_positions", False))
 
 
 @dataclass
 class ModelConfig:
-    name: str = "elu"  # softmax | linear | elu | favor | taylor | retnet | mamba
+    name: str = "elu"  # a built-in mixer (harness.layers) or a dotted path package.module.Class
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 1
@@ -53,11 +64,16 @@ class ModelConfig:
     norm: str = "layernorm"  # block norms: layernorm | rmsnorm
     tie_embeddings: bool = False  # share the input embedding with the output head
     decay: Optional[float] = None  # retnet: one gamma in (0, 1) for all heads; None: 1 - 2^(-5-h)
+    # Keyword arguments of an outside mixer's constructor, any keys (model.options.window=8 from
+    # the command line needs no '+': the node is created open, not struct, in the schema).
+    options: Any = field(default_factory=open_mapping)
 
 
 def validate(cfg: ModelConfig) -> None:
     """Raise ValueError with one line naming the `model.<field>` at fault if cfg cannot build a model."""
-    checks.choice("model.name", cfg.name, MODEL_NAMES)
+    registry.resolve(cfg.name)  # a known name or an importable class, else one line
+    if not isinstance(cfg.options, Mapping):
+        checks.fail("model.options", "a mapping of keyword arguments (model.options.<name>=<value>)", cfg.options)
     for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size"):
         checks.integer(f"model.{field}", getattr(cfg, field))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
@@ -81,20 +97,26 @@ def validate(cfg: ModelConfig) -> None:
                    f"model.d_model/model.n_heads), got {d_qk}")
 
 
+def mixer_output(out) -> torch.Tensor:
+    """A mixer's forward result as a tensor: layers written for other libraries return a tuple
+    whose first element is the output (fla's (o, attn, cache))."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.norm1 = make_norm(cfg.norm, cfg.d_model)
-        self.mixer = build_mixer(cfg, layer_idx)
+        self.mixer = registry.build(cfg, layer_idx)
         self.norm2 = make_norm(cfg.norm, cfg.d_model)
         self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout)
         self.dropout = nn.Dropout(cfg.dropout)
         self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
-        x = self.hook_resid_mid(x + self.dropout(self.mixer(self.norm1(x))))
+        x = self.hook_resid_mid(x + self.dropout(mixer_output(self.mixer(self.norm1(x)))))
         return self.hook_resid_post(x + self.mlp(self.norm2(x)))
 
 
@@ -116,10 +138,15 @@ class LanguageModel(nn.Module):
         # A tied head reads unit-variance embeddings: rescale (as T5 does) to O(1) logits.
         self.logit_scale = cfg.d_model**-0.5 if cfg.tie_embeddings else 1.0
 
-        self.apply(self._init_weights)
+        # The recipe's init for every part but an outside mixer, which keeps its own.
+        outside = {id(m) for mixer in self.mixers() if not getattr(mixer, "init_by_model", False)
+                   for m in mixer.modules()}
+        for module in self.modules():
+            if id(module) not in outside:
+                self._init_weights(module)
         nn.init.normal_(self.embed.weight, mean=0.0, std=1.0)  # a tied head was visited last
         for mixer in self.mixers():
-            if hasattr(mixer, "reset_decay_parameters"):
+            if hasattr(mixer, "reset_decay_parameters") and id(mixer) not in outside:
                 mixer.reset_decay_parameters()
         for name, hook in self.named_modules():
             if isinstance(hook, HookPoint):
@@ -158,26 +185,26 @@ class LanguageModel(nn.Module):
     # ---------------------------------------------------------------------------------------
     # Introspection used by measurement, cost accounting and results.
 
-    def mixers(self) -> list[Mixer]:
+    def mixers(self) -> list[nn.Module]:
         return [block.mixer for block in self.layers]
 
     @property
-    def d_key(self) -> int:
+    def d_key(self) -> Optional[int]:
         """Key dimension of one head's state: d_qk (d_head unless model.qk_dim), m for favor,
-        1 + d_qk + d_qk^2 for taylor."""
-        return self.layers[0].mixer.d_key
+        1 + d_qk + d_qk^2 for taylor; None for a mixer that declares none."""
+        return getattr(self.layers[0].mixer, "d_key", None)
 
     @property
     def d_head(self) -> int:
         return self.cfg.d_model // self.cfg.n_heads
 
-    def state_elements_per_head(self) -> int:
-        """Numbers one head keeps to decode the next token: the recurrent state (d_key x d_head,
-        plus the normaliser z for kernel attention); for softmax the KV cache at max_seq_len."""
-        mixer = self.layers[0].mixer
-        if mixer.family == "softmax":
-            return int(ops.kv_cache_elements(self.max_seq_len, self.d_key, self.d_head))
-        return int(ops.state_elements(mixer.family, self.d_key, self.d_head))
+    def state_size(self, sequence_length: Optional[int] = None) -> Optional[int]:
+        """Elements every layer keeps to decode the next token, at `sequence_length` (default
+        max_seq_len: what a KV cache holds there), summed over layers; None when a mixer
+        declares no state_size."""
+        n = self.max_seq_len if sequence_length is None else sequence_length
+        sizes = [state_size(mixer, n) for mixer in self.mixers()]
+        return None if None in sizes else sum(sizes)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (a tied head counted once); optionally without the embedding."""

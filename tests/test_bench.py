@@ -109,7 +109,7 @@ def test_command_line_writes_json_and_a_table(tmp_path):
 
 @pytest.mark.parametrize("model,family,d_key", [("elu", "linear", 8), ("mamba", "decay_per_dim", 8),
                                                  ("retnet", "decay_scalar", 8), ("softmax", "softmax", 8),
-                                                 ("taylor", "linear", 1 + 8 + 64)])
+                                                 ("taylor", "linear", 1 + 16 + 256)])  # its q/k width model.qk_dim=16
 def test_cost_mode_writes_a_cost_table(tmp_path, model, family, d_key):
     extra = ["model.gate=per_dim"] if model == "mamba" else []
     cfg = compose_config([f"model={model}", *extra, "mode=cost", "logger=none", "trainer.progress=false",

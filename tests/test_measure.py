@@ -19,7 +19,9 @@ from harness.measure.trained import (
     signal_noise,
     spearman_rows,
 )
-from harness.model import MODEL_NAMES, LanguageModel, ModelConfig
+from harness.layers import builtin_names
+from harness.layers.protocol import mixer_hooks
+from harness.model import LanguageModel, ModelConfig
 
 T = 12
 
@@ -145,7 +147,7 @@ def tiny_model(name: str, **kw) -> LanguageModel:
     return LanguageModel(cfg, 24, 64).double().eval()
 
 
-@pytest.mark.parametrize("name", [*MODEL_NAMES, "mamba-per_dim"])
+@pytest.mark.parametrize("name", [*builtin_names(), "mamba-per_dim"])
 def test_effective_weights_reproduce_the_read_out(name):
     """sum_j a_ij v_j over the hooked v equals what the op returned (hook_out)."""
     name, _, gate = name.partition("-")
@@ -154,10 +156,12 @@ def test_effective_weights_reproduce_the_read_out(name):
     with torch.no_grad(), capture(model) as cache:
         model(x)
     for layer, mixer in enumerate(model.mixers()):
-        h = lambda n: cache.get(f"layers.{layer}.mixer.{n}")  # noqa: E731
-        a = mixer.effective_weights(h("hook_q"), h("hook_k"), h("hook_log_decay"))
+        hooks = mixer_hooks(mixer, cache, f"layers.{layer}.mixer.")
+        a = mixer.effective_weights(hooks)
         assert a.shape == (2, 2, 20, 20)
-        assert torch.allclose(a @ h("hook_v"), h("hook_out"), rtol=0, atol=1e-10)
+        assert torch.allclose(a @ hooks["v"], hooks["out"], rtol=0, atol=1e-10)
+        rows = torch.tensor([3, 7, 19])
+        assert torch.equal(mixer.effective_weights(hooks, rows=rows), a[:, :, rows])
 
 
 def recall_batch(B: int = 4, T: int = 24):
@@ -221,7 +225,7 @@ def test_measure_model_runs_without_autograd():
     seen = []
     mixer = model.mixers()[0]
     inner = mixer.effective_weights
-    mixer.effective_weights = lambda *args: (seen.append(torch.is_grad_enabled()), inner(*args))[1]
+    mixer.effective_weights = lambda *args, **kw: (seen.append(torch.is_grad_enabled()), inner(*args, **kw))[1]
     measure_model(model, recall_batch(), max_examples=2)
     assert seen and not any(seen)
 

@@ -10,15 +10,15 @@ import torch
 
 from harness import ops
 from harness.hooks import capture, hook_points
-from harness.layers import MIXERS
-from harness.model import MODEL_NAMES, LanguageModel, ModelConfig, validate
+from harness.layers import builtin_names, resolve
+from harness.model import LanguageModel, ModelConfig, validate
 
 VOCAB, MAX_T = 20, 32
 LINEAR_FAMILIES = ["linear", "elu", "favor", "taylor", "retnet", "mamba"]
 
 # Every mixer once, plus the options that change its computation.
 VARIANTS = [
-    *[dict(name=n) for n in MODEL_NAMES],
+    *[dict(name=n) for n in builtin_names()],
     dict(name="mamba", gate="per_dim"),
     dict(name="elu", short_conv=True, rotary=True),
     dict(name="softmax", rotary=False, norm="rmsnorm"),
@@ -53,16 +53,20 @@ def tokens(B: int = 2, T: int = 21, seed: int = 1) -> torch.Tensor:
 def test_qk_dim_sets_the_key_side_of_the_state():
     taylor, elu, soft = build(name="taylor", qk_dim=4), build(name="elu", qk_dim=4), build(name="softmax", qk_dim=4)
     assert taylor.d_key == 1 + 4 + 16 and elu.d_key == 4 and taylor.d_head == 8
-    assert taylor.state_elements_per_head() == 21 * 8 + 21          # S (m x d_head) and z (m)
-    assert soft.state_elements_per_head() == MAX_T * (4 + 8)         # keys of 4, values of 8
+    assert taylor.state_size() == 2 * 2 * (21 * 8 + 21)   # 2 layers x 2 heads of S (m x d_head) and z (m)
+    assert soft.state_size() == 2 * 2 * MAX_T * (4 + 8)   # keys of 4, values of 8 per token and head
     with pytest.raises(ValueError, match="model.qk_dim must be a positive integer or null, got 0"):
         build(name="elu", qk_dim=0)
     with pytest.raises(ValueError, match="model.rotary=true needs an even q/k width"):
         build(name="elu", qk_dim=3, rotary=True)
 
 
-def test_every_model_name_has_a_mixer():
-    assert set(MODEL_NAMES) == set(MIXERS)
+def test_every_builtin_name_resolves_to_a_mixer_that_declares_the_protocol():
+    names = builtin_names()
+    assert {"softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba"} <= set(names)
+    for name in names:
+        cls = resolve(name)
+        assert cls.family and cls.kernel and callable(cls.probe_memory), name
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
@@ -151,10 +155,14 @@ def test_key_dimension_and_state_accounting():
     assert build(name="taylor").d_key == 1 + d + d * d
     assert build(name="favor", favor_features=12).d_key == 12
     assert build(name="retnet").d_key == d
-    for name, family in [("elu", "linear"), ("taylor", "linear"), ("retnet", "decay"), ("mamba", "decay")]:
+    layers_heads = 2 * 2
+    for name, normalize in [("elu", True), ("taylor", True), ("retnet", False), ("mamba", False)]:
         model = build(name=name)
-        assert model.state_elements_per_head() == ops.state_elements(family, model.d_key, d)
-    assert build(name="softmax").state_elements_per_head() == ops.kv_cache_elements(MAX_T, d)
+        assert model.state_size() == layers_heads * ops.state_elements(model.d_key, d, normalize=normalize)
+        assert model.state_size(10) == model.state_size(1000)  # fixed-size states
+    softmax = build(name="softmax")
+    assert softmax.state_size() == layers_heads * ops.kv_cache_elements(MAX_T, d)
+    assert softmax.state_size(10) == layers_heads * ops.kv_cache_elements(10, d)  # grows with the length
 
 
 def test_parameters_and_init():
@@ -237,7 +245,7 @@ def test_sequence_longer_than_max_raises():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(name="gpt"), "unknown model.name 'gpt'; valid: softmax, linear"),
+        (dict(name="gpt"), "unknown model.name 'gpt'; valid: elu, favor, linear, mamba, retnet, softmax, taylor, or a dotted path"),
         (dict(d_model=30, n_heads=4), r"model.n_heads must be a divisor of model.d_model=30, got 4"),
         (dict(d_model=0), "model.d_model must be a positive integer, got 0"),
         (dict(n_layers=-1), "model.n_layers must be a positive integer"),

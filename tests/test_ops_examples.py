@@ -113,28 +113,23 @@ def test_example3(form):
 
 def test_gpt2_crossover():
     d = 64
-    assert ops.state_elements("linear", d, d) == d * d + d == 4160
+    assert ops.state_elements(d, d) == d * d + d == 4160
     assert ops.kv_cache_elements(1, d) == 2 * d
     n = ops.kv_crossover(d, d)
     assert n == 32
-    assert ops.kv_cache_elements(n, d) <= ops.state_elements("linear", d, d) < ops.kv_cache_elements(n + 1, d)
+    assert ops.kv_cache_elements(n, d) <= ops.state_elements(d, d) < ops.kv_cache_elements(n + 1, d)
     # The crossover is per head: 12 heads x 12 layers scale both sides alike.
-    assert 144 * ops.kv_cache_elements(33, d) > 144 * ops.state_elements("elu", d, d)
+    assert 144 * ops.kv_cache_elements(33, d) > 144 * ops.state_elements(d, d)
     assert ops.kv_crossover(d, d, normalize=False) == 32
 
 
 def test_long_context_sizes():
     assert ops.attention_matrix_elements(100_000) == 10**10
-    s = ops.state_elements("linear", 128, 128)
+    s = ops.state_elements(128, 128)
     assert s == 16_512 and 16_000 <= s <= 17_000
 
 
-def test_state_elements_per_family():
-    assert ops.state_elements("favor", 266, 64) == 266 * 64 + 266  # d_k is the feature dimension m
-    assert ops.state_elements("linear", 64, 64, normalize=False) == 4096
-    for fam in ("retnet", "mamba", "gla", "decay"):
-        assert ops.state_elements(fam, 64, 32) == 64 * 32
-    with pytest.raises(ValueError, match="kv_cache_elements"):
-        ops.state_elements("softmax", 64, 64)
-    with pytest.raises(ValueError, match="unknown family"):
-        ops.state_elements("lstm", 64, 64)
+def test_state_elements_with_and_without_normaliser():
+    assert ops.state_elements(266, 64) == 266 * 64 + 266  # d_k is the feature dimension m (FAVOR+)
+    assert ops.state_elements(64, 64, normalize=False) == 4096
+    assert ops.state_elements(64, 32, normalize=False) == 64 * 32  # decayed states: S only

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.layers.retnet import retnet_log_gammas
 from harness.measure import probe, theory
 
 LAW_DS = (32, 64, 128)
@@ -79,7 +80,7 @@ def test_decayed_memories_match_model():
         assert r["snr_measured"] == pytest.approx(r["snr_predicted"], rel=0.05)
         assert abs(r["acc_predicted"] - r["acc_measured"]) <= 0.04, r
     retnet = [r for r in rows if r["model"] == "retnet"]
-    gamma = theory.retnet_gamma(0)
+    gamma = math.exp(float(retnet_log_gammas(1)[0]))
     assert retnet[-1]["n_state"] == pytest.approx(1 / (1 - gamma**2), rel=1e-3)  # ~16 pairs held
     assert retnet[-1]["acc_measured"] < 0.05 < retnet[0]["acc_measured"]
     assert all(r["log_decay_mean"] < 0 for r in rows)
@@ -121,7 +122,8 @@ def _dense_reference(model, d, n, seed=0):
     if model == "softmax":
         a = torch.softmax(keys @ keys.T / math.sqrt(d), dim=-1)
     else:
-        phi_k, phi_q, _, normalize = probe._feature_fns(model, d, seed)
+        memory = probe._memory(model, d, seed)
+        phi_k, phi_q, normalize = memory.phi_k, memory.phi_q, memory.normalize
         a = phi_q(keys[None])[0] @ phi_k(keys[None])[0].T  # (N, N)
         if normalize:
             a = a / a.sum(-1, keepdim=True)
@@ -133,7 +135,8 @@ def _dense_reference(model, d, n, seed=0):
 @pytest.mark.parametrize("model", ["linear", "elu", "favor", "taylor"])
 def test_state_read_matches_dense_weights(model):
     (keys, V, idx, book), sig2, noise2, o = _dense_reference(model, 16, 50)
-    phi_k, phi_q, _, normalize = probe._feature_fns(model, 16, 0)
+    memory = probe._memory(model, 16, 0)
+    phi_k, phi_q, normalize = memory.phi_k, memory.phi_q, memory.normalize
     lam = torch.ones(1, 50, dtype=torch.float64)
     got = probe._read_through_state(phi_k, phi_q, lam, keys[None], V[None], book, idx[None],
                                     normalize=normalize, chunk=7)
@@ -159,7 +162,7 @@ def test_decayed_state_matches_recurrence():
     book = probe.codebook(16, d, 0)
     idx = torch.randint(16, (1, n), generator=gen)
     V = book[idx]
-    gamma = theory.retnet_gamma(0)
+    gamma = math.exp(float(retnet_log_gammas(1)[0]))
     S = torch.zeros(d, d, dtype=torch.float64)
     for t in range(n):
         S = gamma * S + keys[0, t, :, None] * V[0, t, None, :]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import integrate, special
 
+from harness.layers.retnet import retnet_log_gammas
 from harness.measure import theory
 
 
@@ -32,7 +33,7 @@ def test_crosstalk_pairs_without_decay_is_n_minus_1():
 
 
 def test_crosstalk_pairs_with_constant_decay():
-    gamma, n = theory.retnet_gamma(0), 200
+    gamma, n = math.exp(float(retnet_log_gammas(1)[0])), 200
     assert gamma == 1 - 2**-5
     w = theory.decay_pair_weights(np.full(n, math.log(gamma)))
     # the newest write (distance 0) sees sum_{t=1}^{n-1} gamma^(2t) of crosstalk
@@ -78,7 +79,7 @@ def test_decay_pair_weights_underflow_to_zero_not_nan():
 
 @pytest.mark.parametrize("d", [16, 64])
 def test_kernel_dims_against_quadrature(d):
-    assert theory.kernel_effective_dim("linear", d) == d
+    assert theory.kernel_effective_dim("identity", d) == d
     # softmax: the Bessel form against direct quadrature over the cosine density
     e2 = theory.sphere_expectation(lambda t: math.exp(2 * math.sqrt(d) * (t - 1)), d)
     assert theory.kernel_effective_dim("softmax", d) == pytest.approx(1 / e2, rel=1e-6)
@@ -90,7 +91,7 @@ def test_kernel_dims_against_quadrature(d):
 
 def test_elu_kernel_dim_is_small_and_flat_in_d():
     """Positive features: d_kernel ~ 2 for every d, and Monte Carlo of real keys agrees."""
-    dims = [theory.kernel_effective_dim("elu", d) for d in (16, 32, 64, 128, 256)]
+    dims = [theory.kernel_effective_dim("elu1", d) for d in (16, 32, 64, 128, 256)]
     assert all(1.8 < x < 2.5 for x in dims) and max(dims) / min(dims) < 1.1
     rng = np.random.default_rng(2)
     d = 64
@@ -99,7 +100,7 @@ def test_elu_kernel_dim_is_small_and_flat_in_d():
     phi = np.where(k > 0, k + 1, np.exp(k))
     self_sq = np.mean(np.sum(phi * phi, 1) ** 2)
     cross_sq = np.mean(np.sum(phi[:1000] * phi[1000:], 1) ** 2)
-    assert theory.kernel_effective_dim("elu", d) == pytest.approx(self_sq / cross_sq, rel=0.03)
+    assert theory.kernel_effective_dim("elu1", d) == pytest.approx(self_sq / cross_sq, rel=0.03)
 
 
 # --------------------------------------------------------------------------------------------

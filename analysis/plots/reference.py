@@ -77,7 +77,7 @@ def state_sizes(d_k: int, d_v: int, n) -> dict:
     try:
         return {"kv_cache": np.array([float(kv_cache_elements(int(k), d_k, d_v)) for k in n]),
                 "attention_matrix": n * n,
-                "linear_state": float(state_elements("linear", d_k, d_v)),
+                "linear_state": float(state_elements(d_k, d_v)),
                 "crossover": float(kv_crossover(d_k, d_v)),
                 "source": "state sizes: harness.ops accounting"}
     except Exception as err:

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from harness import ops
+from harness.layers.retnet import retnet_log_gammas
 
 FAMILIES = ("softmax", "linear", "decay_scalar", "decay_per_dim")
 LINEAR_FAMILIES = ("linear", "decay_scalar", "decay_per_dim")
@@ -72,9 +73,9 @@ def make_inputs(family: str, shape: Shape, device: torch.device, dtype: torch.dt
     inputs = {"q": draw(b, h, t, dk, positive=positive) * (1.0 / math.sqrt(dk)),
               "k": draw(b, h, t, dk, positive=positive), "v": draw(b, h, t, dv)}
     if family == "decay_scalar":
-        if retnet:  # RetNet: a constant decay gamma_h = 1 - 2^(-5-h) per head
-            gamma = 1.0 - 2.0 ** (-5.0 - torch.arange(h, device=device, dtype=torch.float64))
-            ld = torch.log(gamma).to(decay_dtype).view(1, h, 1).expand(b, h, t).contiguous()
+        if retnet:  # RetNet: its constant decay gamma_h per head
+            log_gamma = retnet_log_gammas(h).to(device=device, dtype=decay_dtype)
+            ld = log_gamma.view(1, h, 1).expand(b, h, t).contiguous()
         else:  # Mamba-2 style: dt * A, a in about (0.9, 1)
             ld = -0.1 * draw(b, h, t, positive=True, dt=decay_dtype)
         inputs["log_decay"] = ld

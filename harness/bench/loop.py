@@ -53,7 +53,8 @@ def _window(stamps: list[float], log_every: int, data_chunk: int, device: torch.
 
 def time_train_loop(cfg) -> float:
     """Steps per second of harness.train.loop.train on cfg (its step loop only)."""
-    from harness.train.loop import select_device, train
+    from harness.devices import select_device
+    from harness.train.loop import train
 
     device = select_device(cfg.trainer.device)
     stamps: list[float] = []
@@ -67,20 +68,19 @@ def time_train_loop(cfg) -> float:
 
 def time_bare_loop(cfg, steps: int, warmup: int = 3) -> float:
     """Steps per second of forward + backward + optimizer alone on cfg's model and batch size."""
-    from harness.model import LanguageModel
-    from harness.train.loop import _autocast_factory, build_optimizer, lm_loss, select_device
-    from harness.config.validate import model_config, task_config
+    from harness.config.build import build_model, task_config
+    from harness.devices import select_device
+    from harness.train.loop import autocast_factory, build_optimizer, lm_loss
 
     tr = cfg.trainer
     device = select_device(tr.device)
     module, tcfg = task_config(cfg.task)
     batch = module.make_batch(tcfg, tr.batch_size, seed=0, device=device, split="train")
-    max_len = max([batch.inputs.shape[1]] + [s.seq_len for s in module.eval_settings(tcfg)])
     torch.manual_seed(cfg.seed)
-    model = LanguageModel(model_config(cfg.model), vocab_size=tcfg.vocab_size, max_seq_len=max_len).to(device)
+    model = build_model(cfg).to(device)
     step_model = torch.compile(model) if tr.compile else model
     opt = build_optimizer(model, tr)
-    autocast = _autocast_factory(device, tr.precision)
+    autocast = autocast_factory(device, tr.precision)
 
     def step() -> None:
         with autocast():

@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness import checks
 from harness.config.schema import (MODES, Config, CostConfig, LoggerConfig, ProbeConfig, SweepConfig,
                             TrainerConfig, task_schema)
+from harness.config.build import model_config, task_config
+from harness.layers.registry import check_mixer
 from harness.model import ModelConfig
 from harness.model import validate as validate_model
 
@@ -25,20 +27,6 @@ COST_FORMS = ("parallel", "chunk", "recurrent")
 WANDB_FORBIDDEN = "/\\#?%:"
 WANDB_NAME_LEN, WANDB_TAG_LEN = 128, 64
 SEED_MAX = 2**63 - 1  # torch.manual_seed and the task streams take a signed 64-bit seed
-
-
-def task_config(task: DictConfig):
-    """The task's own Config dataclass instance (without the group's `name`)."""
-    from harness.tasks import get_task
-
-    module = get_task(task.name)
-    names = {f.name for f in dataclasses.fields(module.Config)}
-    values = OmegaConf.to_container(task, resolve=True)
-    return module, module.Config(**{k: v for k, v in values.items() if k in names})
-
-
-def model_config(model: DictConfig) -> ModelConfig:
-    return ModelConfig(**OmegaConf.to_container(model, resolve=True))
 
 
 def _fields(schema: type) -> set[str]:
@@ -110,12 +98,30 @@ def _check_cost(co: dict) -> None:
         checks.integer(f"cost.{key}", co[key])
 
 
+def mixer_core(cfg: DictConfig) -> tuple[str, int]:
+    """(harness.ops core, key dimension) of cfg's mixer at the cost geometry (cost.n_heads heads
+    of cost.head_dim; model.qk_dim kept), read off a mixer built for it; ValueError if it
+    declares no core."""
+    from dataclasses import replace
+
+    from harness.bench.cases import FORMS
+    from harness.layers import build
+
+    mcfg = replace(model_config(cfg.model), d_model=cfg.cost.n_heads * cfg.cost.head_dim,
+                   n_heads=cfg.cost.n_heads)
+    mixer = build(mcfg, 0)
+    core, d_key = getattr(mixer, "core", None), getattr(mixer, "d_key", None)
+    checks.require(core in FORMS and d_key is not None,
+                   f"mode=cost: model.name={cfg.model.name} declares no core of harness.ops "
+                   f"({', '.join(FORMS)}) and key dimension (core, d_key); mode=cost times those")
+    return core, int(d_key)
+
+
 def _check_cost_family(cfg: DictConfig) -> None:
     """mode=cost times only the forms the model's family has (softmax has no chunk form)."""
     from harness.bench.cases import FORMS
-    from harness.run.cost_mode import model_family
 
-    family, _ = model_family(cfg.model, cfg.cost.head_dim)
+    family, _ = mixer_core(cfg)
     forms = list(cfg.cost.forms)
     checks.require(any(f in FORMS[family] for f in forms),
                    f"cost.forms={forms} has no form of model={cfg.model.name} "
@@ -134,7 +140,9 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("skip_completed", "fail_on_error"):
         checks.boolean(f"sweep.{key}", c["sweep"][key])
 
-    validate_model(model_config(cfg.model))
+    mcfg = model_config(cfg.model)
+    validate_model(mcfg)
+    check_mixer(mcfg)
     module, tcfg = task_config(cfg.task)
     module.validate(tcfg)
     for setting in module.eval_settings(tcfg):

@@ -22,7 +22,9 @@ from torch import nn
 
 from harness import ops
 from harness.hooks import HookPoint
-from harness.layers.common import HeadNorm, Mixer, inverse_softplus, merge_heads, register, split_heads
+from harness.layers.parts import HeadNorm, inverse_softplus, merge_heads, split_heads
+from harness.layers.protocol import Mixer, ProbeMemory, identity_map, select_rows
+from harness.layers.registry import register
 
 DT_MIN, DT_MAX = 1e-3, 1e-1
 A_MIN, A_MAX = 1.0, 16.0
@@ -32,12 +34,13 @@ GLA_GATE_TEMPERATURE = 16.0
 @register("mamba")
 class GatedDecay(Mixer):
     family = "decay"
+    kernel = "identity"
     has_decay = True
 
-    def __init__(self, cfg, layer_idx: int) -> None:
-        super().__init__(cfg, layer_idx)
-        self.form, self.chunk_size, self.gate = cfg.form, cfg.chunk_size, cfg.gate
-        C, H = cfg.d_model, self.n_heads
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.form, self.chunk_size, self.gate = config.form, config.chunk_size, config.gate
+        C, H = config.d_model, self.n_heads
         self.gate_proj = nn.Linear(C, C, bias=False)  # silu output gate (Mamba's z)
         self.out_proj = nn.Linear(C, C, bias=False)
         self.norm = HeadNorm(H, self.d_head, "rmsnorm")
@@ -88,5 +91,27 @@ class GatedDecay(Mixer):
         o = self.norm(self.hook_out(o))
         return self.out_proj(merge_heads(o) * F.silu(self.gate_proj(x)))
 
-    def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:
-        return ops.decay_weights(q, k, log_decay)  # (B, H, T, T)
+    @property
+    def core(self) -> str:
+        return "decay_scalar" if self.gate == "scalar" else "decay_per_dim"
+
+    def state_size(self, sequence_length: int = 2048) -> int:
+        return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)
+
+    def effective_weights(self, hooks, rows=None) -> torch.Tensor:
+        return select_rows(ops.decay_weights(hooks["q"], hooks["k"], hooks["log_decay"]), rows)  # (B, H, R, T)
+
+    @classmethod
+    def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
+        """Mamba-2's SSD core at its initialisation: A = -uniform(A_MIN, A_MAX), one draw per seed,
+        dt log-uniform in [DT_MIN, DT_MAX] per token (an independent draw stands in for the input
+        dependence of dt); writes scaled by dt, no denominator."""
+        gen = torch.Generator().manual_seed(seed)
+        A = float(torch.empty(1, dtype=torch.float64).uniform_(A_MIN, A_MAX, generator=gen))
+
+        def decay(shape, gen):
+            lo, hi = math.log(DT_MIN), math.log(DT_MAX)
+            dt = torch.exp(torch.empty(*shape, dtype=torch.float64).uniform_(lo, hi, generator=gen))
+            return -A * dt, dt
+
+        return ProbeMemory(read="state", phi_k=identity_map, phi_q=identity_map, d_key=d, decay=decay)

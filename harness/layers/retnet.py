@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness import ops
-from harness.layers.common import HeadNorm, Mixer, merge_heads, register
+from harness.layers.parts import HeadNorm, merge_heads
+from harness.layers.protocol import Mixer, ProbeMemory, identity_map, select_rows
+from harness.layers.registry import register
 
 
 def retnet_log_gammas(n_heads: int, decay: float | None = None) -> torch.Tensor:
@@ -30,15 +32,17 @@ def retnet_log_gammas(n_heads: int, decay: float | None = None) -> torch.Tensor:
 @register("retnet")
 class Retention(Mixer):
     family = "decay"
+    core = "decay_scalar"
+    kernel = "identity"
     has_decay = True
 
-    def __init__(self, cfg, layer_idx: int) -> None:
-        super().__init__(cfg, layer_idx)
-        self.form, self.chunk_size = cfg.form, cfg.chunk_size
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.form, self.chunk_size = config.form, config.chunk_size
+        self.gate_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.norm = HeadNorm(self.n_heads, self.d_head, "layernorm")
-        self.register_buffer("log_gamma", retnet_log_gammas(self.n_heads, cfg.decay),
+        self.register_buffer("log_gamma", retnet_log_gammas(self.n_heads, config.decay),
                              persistent=False)  # (H,)
         self.q_scale = 1.0 / math.sqrt(self.d_qk)
 
@@ -56,5 +60,18 @@ class Retention(Mixer):
         o = self.norm(self.hook_out(o))
         return self.out_proj(merge_heads(o) * F.silu(self.gate_proj(x)))
 
-    def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:
-        return ops.decay_weights(q, k, log_decay)  # (B, H, T, T)
+    def state_size(self, sequence_length: int = 2048) -> int:
+        return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)
+
+    def effective_weights(self, hooks, rows=None) -> torch.Tensor:
+        return select_rows(ops.decay_weights(hooks["q"], hooks["k"], hooks["log_decay"]), rows)  # (B, H, R, T)
+
+    @classmethod
+    def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
+        """Identity keys into a state decayed by the first head's gamma = 1 - 2^-5, no denominator."""
+        log_gamma = float(retnet_log_gammas(1)[0])
+
+        def decay(shape, gen):
+            return torch.full(shape, log_gamma, dtype=torch.float64), None
+
+        return ProbeMemory(read="state", phi_k=identity_map, phi_q=identity_map, d_key=d, decay=decay)

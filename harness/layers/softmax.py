@@ -10,16 +10,21 @@ import torch
 from torch import nn
 
 from harness import ops
-from harness.layers.common import Mixer, merge_heads, register
+from harness.layers.parts import merge_heads
+from harness.layers.protocol import Mixer, ProbeMemory, select_rows
+from harness.layers.registry import register
 
 
 @register("softmax")
 class SoftmaxAttention(Mixer):
     family = "softmax"
+    core = "softmax"
+    kernel = "softmax"
+    wants_learned_positions = True  # no recurrence and rotary off by default: GPT-2's positions
 
-    def __init__(self, cfg, layer_idx: int) -> None:
-        super().__init__(cfg, layer_idx)
-        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.scale = self.d_qk**-0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
@@ -31,5 +36,14 @@ class SoftmaxAttention(Mixer):
         o = self.hook_out(ops.softmax_attention(q, k, v, causal=True, scale=self.scale))  # (B, H, T, D)
         return self.out_proj(merge_heads(o))
 
-    def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:
-        return ops.softmax_weights(q, k, causal=True, scale=self.scale)  # (B, H, T, T)
+    def state_size(self, sequence_length: int = 2048) -> int:
+        """The KV cache after `sequence_length` tokens: a key and a value per token and head."""
+        return self.n_heads * ops.kv_cache_elements(sequence_length, self.d_qk, self.d_head)
+
+    def effective_weights(self, hooks, rows=None) -> torch.Tensor:
+        w = ops.softmax_weights(hooks["q"], hooks["k"], causal=True, scale=self.scale)  # (B, H, T, T)
+        return select_rows(w, rows)
+
+    @classmethod
+    def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
+        return ProbeMemory(read="softmax", d_key=d)

@@ -89,15 +89,12 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
+from harness.layers import registry
 from harness.measure import theory
 
-MODELS = ("linear", "elu", "favor", "softmax", "retnet", "mamba")
-ALL_MODELS = MODELS + ("taylor",)
+MODELS = ("linear", "elu", "favor", "softmax", "retnet", "mamba")  # probed when none are named
 DEFAULT_DS = (32, 64, 128)
 MAX_DEFAULT_N = 16384
-FEATURE_NAMES = {"linear": "identity", "elu": "elu1", "favor": "favor", "taylor": "taylor"}
-EXP_KERNELS = ("favor", "taylor")      # fed k / d^(1/4), like the model's kernel layers
-DECAY_MODELS = ("retnet", "mamba")
 DTYPE = torch.float64                  # old writes of a decayed state sit far below float32's eps
 FEATURE_BUDGET = 2**22                 # entries of a feature or score block (32 MiB in float64)
 
@@ -143,19 +140,6 @@ def codebook(candidates: int, value_dim: int, seed: int = 0) -> torch.Tensor:
         if u.mean(0).norm() < 1e-9:
             break
     return u
-
-
-def mamba_decay(shape: tuple[int, ...], A: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log a_t, dt_t), both (..., N): dt log-uniform in MAMBA_DT_RANGE, log a_t = -A dt_t."""
-    lo, hi = (math.log(x) for x in theory.MAMBA_DT_RANGE)
-    dt = torch.exp(torch.empty(*shape, dtype=DTYPE).uniform_(lo, hi, generator=gen))
-    return -A * dt, dt
-
-
-def mamba_A(seed: int) -> float:
-    """Mamba-2's A magnitude, uniform in MAMBA_A_RANGE, one draw per seed (shared by every row)."""
-    lo, hi = theory.MAMBA_A_RANGE
-    return float(torch.empty(1, dtype=DTYPE).uniform_(lo, hi, generator=_generator(seed, "mamba_A")))
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,36 +214,34 @@ def _read_softmax(keys, V, q_idx, book, idx, *, chunk: int):
 # One row.
 
 
+def probe_class(model: str) -> type:
+    """The mixer class `model` names (a built-in name or a dotted path) if it declares
+    `probe_memory`; ValueError (one line) otherwise."""
+    cls = registry.resolve(model)
+    if getattr(cls, "probe_memory", None) is None:
+        raise ValueError(f"probe: model {model!r} declares no probe_memory(d, seed) "
+                         "(harness.layers.protocol), so the probe cannot write random pairs into it")
+    return cls
+
+
 @functools.lru_cache(maxsize=32)
-def _feature_fns(model: str, d: int, seed: int):
-    """(phi_k, phi_q, d_eff, normalize) of a kernel mixer; identity for decay mixers.
-
-    One feature map per (model, d, seed), drawn once and shared by every N, as a layer's
-    FAVOR+ features are fixed between redraws.
-    """
-    if model in DECAY_MODELS or model == "linear":
-        ident = lambda x: x  # noqa: E731
-        return ident, ident, d, False
-    from harness import features
-
-    name = FEATURE_NAMES[model]
-    phi = features.feature_map(name, d, seed=seed)
-    scale = d**-0.25 if model in EXP_KERNELS else 1.0
-    return ((lambda x: phi(x * scale, is_query=False)), (lambda x: phi(x * scale, is_query=True)),
-            features.feature_dim(name, d), True)
+def _memory(model: str, d: int, seed: int):
+    """The mixer's ProbeMemory, drawn once per (model, d, seed) and shared by every N, as a
+    layer's FAVOR+ features are fixed between redraws."""
+    return probe_class(model).probe_memory(d, seed)
 
 
 def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 1024, max_queries: int = 1024,
               min_queries: int = 1024, value_dim: Optional[int] = None, chunk: int = 4096,
               device: str = "cpu") -> dict:
     """Measure and predict one (model, d, N); see the module docstring for every column."""
-    if model not in ALL_MODELS:
-        raise ValueError(f"unknown probe model {model!r}; valid: {', '.join(ALL_MODELS)}")
+    cls = probe_class(model)
     if d < 2 or n < 2 or candidates < 2:
         raise ValueError(f"need d >= 2, n >= 2 and candidates >= 2, got d={d}, n={n}, candidates={candidates}")
     started = time.time()
     d_v = value_dim or d
-    reads_per_state = min(n, max_queries) if model == "softmax" else n
+    memory = _memory(model, d, seed)
+    reads_per_state = min(n, max_queries) if memory.read == "softmax" else n
     states = max(1, math.ceil(min_queries / reads_per_state))
     gen = _generator(seed, model, d, n, candidates, d_v)
     book = codebook(candidates, d_v, seed)  # (C, d_v)
@@ -269,27 +251,23 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
 
     log_decay_mean = math.nan
     lam = torch.ones(states, n, dtype=DTYPE)  # survival weight of each write at the read
-    if model == "retnet":
-        gamma = theory.retnet_gamma(0)
-        lam = torch.from_numpy(theory.decay_pair_weights(np.full((states, n), math.log(gamma))))
-        log_decay_mean = math.log(gamma)
-    elif model == "mamba":
-        log_a, dt = mamba_decay((states, n), mamba_A(seed), gen)
-        lam = torch.from_numpy(theory.decay_pair_weights(log_a.numpy(), dt.numpy()))
+    if memory.decay is not None:
+        log_a, scale = memory.decay((states, n), gen)
+        lam = torch.from_numpy(theory.decay_pair_weights(log_a.numpy(), None if scale is None else scale.numpy()))
         log_decay_mean = float(log_a.mean())
 
     dev = torch.device(device)
     keys, V, idx, book, lam = (t.to(dev) for t in (keys, V, idx, book, lam))
-    if model == "softmax":
+    if memory.read == "softmax":
         q_idx = torch.stack([torch.randperm(n, generator=gen)[:reads_per_state] for _ in range(states)]).to(dev)
         sig2, noise2, correct = _read_softmax(keys, V, q_idx, book, idx, chunk=chunk)
         d_eff, lam_read = d, torch.ones(states, n, dtype=DTYPE)
         read_pairs = np.full(q_idx.shape, n - 1.0)
     else:
-        phi_k, phi_q, d_eff, normalize = _feature_fns(model, d, seed)
+        d_eff = memory.d_key
         step = max(1, min(chunk, FEATURE_BUDGET // (states * d_eff)))  # bounds (B, step, m) for taylor
-        sig2, noise2, correct = _read_through_state(phi_k, phi_q, lam, keys, V, book, idx,
-                                                    normalize=normalize, chunk=step)
+        sig2, noise2, correct = _read_through_state(memory.phi_k, memory.phi_q, lam, keys, V, book, idx,
+                                                    normalize=memory.normalize, chunk=step)
         lam_read = lam.cpu()
         read_pairs = theory.crosstalk_pairs(lam_read.numpy())  # (B, N): N_eff of each read
 
@@ -298,7 +276,7 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
     lam_np = lam_read.numpy()
     n_eff = float(np.mean(theory.aggregate_pairs(lam_np)))
     pairs = float(np.median(theory.read_participation(lam_np)))  # P: crosstalk pairs behind a read
-    d_kernel = theory.kernel_effective_dim(model, d)
+    d_kernel = theory.kernel_effective_dim(cls.kernel, d) if cls.kernel else math.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         snr_read = np.sqrt(sig2 / noise2)
         law_read = np.sqrt(d_eff / read_pairs)
@@ -337,8 +315,7 @@ def run_probe(models: Optional[list[str]] = None, ds: Optional[list[int]] = None
     """
     models = list(models or MODELS)
     for m in models:
-        if m not in ALL_MODELS:
-            raise ValueError(f"unknown probe model {m!r}; valid: {', '.join(ALL_MODELS)}")
+        probe_class(m)
     grid = [(d, n) for d in (ds or DEFAULT_DS) for n in (ns or default_ns(d))]
     jobs = [(m, d, n) for m in models for d, n in grid]
     from tqdm.auto import tqdm

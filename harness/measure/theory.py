@@ -105,11 +105,6 @@ EXPLANATION = (
     "below 1."
 )
 
-# Mamba-2's initial distributions of dt and A (the probe's data-dependent decays).
-MAMBA_DT_RANGE = (1e-3, 1e-1)   # dt log-uniform in this range
-MAMBA_A_RANGE = (1.0, 16.0)     # A = -exp(A_log), exp(A_log) uniform in this range
-
-
 def explain() -> str:
     """One paragraph: what `predicted_snr` and `predicted_accuracy` predict, and why they differ."""
     return EXPLANATION
@@ -166,11 +161,6 @@ def state_pairs(weights):
     return (w**2).sum(axis=-1) / (w.max(axis=-1) ** 2)
 
 
-def retnet_gamma(head: int = 0) -> float:
-    """RetNet's decay of head h: gamma_h = 1 - 2^(-5 - h)."""
-    return 1.0 - 2.0 ** (-5 - head)
-
-
 def decay_pair_weights(log_decay, write_scale=None):
     """Survival weight of each write in the state after the last write.
 
@@ -224,9 +214,6 @@ def _elu1(x: float) -> float:
     return x + 1.0 if x > 0 else math.exp(x)
 
 
-KERNEL_ALIASES = {"linear": "identity", "retnet": "identity", "mamba": "identity", "elu": "elu1"}
-
-
 @functools.lru_cache(maxsize=None)
 def kernel_effective_dim(kernel: str, d: int) -> float:
     """d_kernel = E kappa(k,k)^2 / E kappa(k,k')^2 for keys uniform on the sphere of radius sqrt(d).
@@ -240,10 +227,9 @@ def kernel_effective_dim(kernel: str, d: int) -> float:
       favor      NaN: FAVOR+ estimates the softmax kernel with a relative variance
                  ~ exp(|x + y|^2) / m; its moments are set by draws no finite sample reaches,
                  so no moment-based prediction is made (the probe measures it).
-    Names accepted: mixer names (linear, elu, softmax, taylor, favor, retnet, mamba) or
-    feature-map names (identity, elu1).
+    The names are those a mixer declares as its `kernel` (harness.layers.protocol).
     """
-    name = KERNEL_ALIASES.get(kernel, kernel)
+    name = kernel
     if name == "identity":
         return float(d)
     if name == "elu1":

@@ -38,8 +38,8 @@ N_eff = sum_i sum_{j!=t} g_ij^2 / sum_i g_it^2 (theory.aggregate_pairs). For sof
 prediction for a linear state of the same key dimension: the reference that softmax's measured
 SNR is compared against, not a law softmax obeys.
 
-Cost: one forward pass, then per example and layer an (H, T, T) weight matrix (O(H T^2 Dk) for
-mamba's per-dimension gate); the default 16 examples at T = 256 take about a second on a CPU.
+Cost: one forward pass, then per example and layer the (H, R, T) weights of its R query rows
+(`trainer.measure_examples` examples, 64 by default).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from typing import Optional
 import torch
 
 from harness.hooks import capture
+from harness.layers.protocol import lacks, mixer_hooks
 from harness.measure.theory import predicted_snr
 
 METRICS = ("entropy", "norm_entropy", "eff_support", "max_weight", "target_weight", "target_rank", "monotonicity")
@@ -257,45 +258,51 @@ def _field(batch, name: str):
     return batch[name] if isinstance(batch, dict) else getattr(batch, name)
 
 
-def _layer_stats(mixer, cache: dict, layer: int, target_pos: torch.Tensor, query: torch.Tensor,
-                 span: int = 1) -> dict:
-    """Per-row statistics of one layer, each (B, H, T) float64 on the CPU (NaN / 0 off the queries)."""
-    hook = lambda name: cache.get(f"layers.{layer}.mixer.{name}")  # noqa: E731
-    q, k, v, log_decay = hook("hook_q"), hook("hook_k"), hook("hook_v"), hook("hook_log_decay")
-    q_raw, k_raw, dt = hook("hook_q_raw"), hook("hook_k_raw"), hook("hook_dt")
-    B, H, T, _ = v.shape
-    stats = {m: torch.full((B, H, T), math.nan, dtype=torch.float64) for m in METRICS}
-    for name in ("sig2", "noise2", "other2", "target2"):
-        stats[name] = torch.zeros(B, H, T, dtype=torch.float64)
-    for b in range(B):  # one example at a time keeps the (H, T, T) temporaries small
+def _layer_stats(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tensor, span: int,
+                 with_snr: bool) -> dict:
+    """Per-row statistics of one layer, each (B, H, T) float64 on the CPU (NaN / 0 off the queries).
+
+    hooks: the layer's captured tensors by short name (harness.layers.protocol.mixer_hooks).
+    The read-out split needs hooks["v"] (with_snr); monotonicity needs q_raw and k_raw.
+    """
+    log_decay, dt = hooks.get("log_decay"), hooks.get("dt")
+    q_raw, k_raw = hooks.get("q_raw"), hooks.get("k_raw")
+    B, T = query.shape
+    stats = None
+    for b in range(B):  # one example at a time keeps the (H, R, T) temporaries small
         pos = query[b].nonzero().squeeze(-1)  # (R,) query positions
         if pos.numel() == 0:
             continue
-        one = slice(b, b + 1)
-        ld = None if log_decay is None else log_decay[one]
-        weights = mixer.effective_weights(q[one], k[one], ld)[0]  # (H, T, T): what the op computed
-        dev = pos.to(weights.device)
-        a = weights[:, dev]  # (H, R, T)
-        tp = target_pos[b, pos].to(weights.device).expand(H, -1)  # (H, R)
-        scores = q_raw[b][:, dev].to(torch.float64) @ k_raw[b].to(torch.float64).transpose(-1, -2)  # (H, R, T)
+        a = mixer.effective_weights({k: v[b:b + 1] for k, v in hooks.items()}, rows=pos)[0]  # (H, R, T)
+        H, dev = a.shape[0], pos.to(a.device)
+        if stats is None:
+            stats = {m: torch.full((B, H, T), math.nan, dtype=torch.float64) for m in METRICS}
+            stats.update({n: torch.zeros(B, H, T, dtype=torch.float64) for n in ("sig2", "noise2", "other2", "target2")})
+        tp = target_pos[b, pos].to(a.device).expand(H, -1)  # (H, R)
+        scores = None
+        if q_raw is not None and k_raw is not None:
+            scores = q_raw[b][:, dev].to(torch.float64) @ k_raw[b].to(torch.float64).transpose(-1, -2)  # (H, R, T)
         found = sharpness(a, tp, scores=scores, positions=dev, span=span)
-        found["sig2"], found["noise2"] = signal_noise(a, v[b], tp, span)
-        ld = None if ld is None else ld[0]  # (H, T) or (H, T, Dk)
+        if with_snr:
+            found["sig2"], found["noise2"] = signal_noise(a, hooks["v"][b], tp, span)
+        ld = None if log_decay is None else log_decay[b]  # (H, T) or (H, T, Dk)
         g2 = decay_gain_sq(ld, T, per_dim=ld is not None and ld.dim() == 3, positions=dev,
-                           write_scale=None if dt is None else dt[b], device=weights.device)  # (H, R, T)
+                           write_scale=None if dt is None else dt[b], device=a.device)  # (H, R, T)
         found["other2"], found["target2"] = crosstalk_mass(g2.expand(H, -1, -1), tp, span)
         for name, value in found.items():
             stats[name][b][:, pos] = value.cpu()
-    return stats
+    return stats  # None when the batch has no query position
 
 
-def _aggregate(stats: dict, h: int, sel: torch.Tensor, d_key: int) -> dict:
+def _aggregate(stats: dict, h: int, sel: torch.Tensor, d_key: Optional[int], with_snr: bool) -> dict:
     """Means over the selected query rows of head h; SNRs as ratios of sums (theory.aggregate_pairs)."""
     out = {m: float(torch.nanmean(stats[m][:, h][sel])) for m in METRICS}
     total = lambda name: float(stats[name][:, h][sel].sum())  # noqa: E731
     noise, target = total("noise2"), total("target2")
-    out["snr_measured"] = math.sqrt(total("sig2") / noise) if noise > 0 else math.inf
-    out["snr_predicted"] = float(predicted_snr(d_key, total("other2") / target)) if target > 0 else 0.0
+    if with_snr:
+        out["snr_measured"] = math.sqrt(total("sig2") / noise) if noise > 0 else math.inf
+    if d_key:
+        out["snr_predicted"] = float(predicted_snr(d_key, total("other2") / target)) if target > 0 else 0.0
     return out
 
 
@@ -305,19 +312,29 @@ def answer_span(model) -> int:
     return int(cfg.conv_size) if cfg.short_conv else 1
 
 
+def _skip_reasons(mixer, hooks: dict) -> dict[str, str]:
+    """Which measurements this mixer supports: "ok", or "skipped: <what it lacks>"."""
+    sharp = lacks(mixer, "effective_weights")
+    snr = sharp or (None if "v" in hooks else "skipped: no hook_v")
+    theory = lacks(mixer, "d_key")
+    return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok"}
+
+
 @torch.no_grad()
-def measure_model(model, batch, *, max_examples: int = 16) -> dict:
+def measure_model(model, batch, *, max_examples: Optional[int] = None) -> dict:
     """Sharpness and SNR of every layer and head of `model` on a task batch.
 
     batch: a task Batch (inputs, target_pos, slice_value, slice_name; a dict with those keys
-    works too). Only the first `max_examples` examples are used; rows are averaged over query
-    positions (target_pos >= 0), one row per (layer, head, slice value). The model runs once,
-    in eval mode, under `capture`, and its mode is restored.
+    works too). The first `max_examples` examples are used (None: all of them); rows are
+    averaged over query positions (target_pos >= 0), one row per (layer, head, slice value).
+    The model runs once, in eval mode, under `capture`, and its mode is restored.
 
-    Returns {"summary": {...}, "heads": [rows as in results.json]}. The summary reports the
-    retrieval head, the (layer, head) with the highest mean target weight over all query
-    positions: target_weight, entropy, norm_entropy, snr_measured, snr_predicted,
-    retrieval_layer, retrieval_head (NaN / None when the batch has no query positions).
+    Returns {"summary": {...}, "heads": [rows as in results.json], "measure": {...}}. The
+    summary reports the examples used (measure_examples) and the retrieval head, the (layer,
+    head) with the highest mean target weight over all query positions: target_weight,
+    entropy, norm_entropy, snr_measured, snr_predicted, retrieval_layer, retrieval_head (NaN /
+    None when the batch has no query positions). "measure" says for each measurement "ok" or
+    why it was skipped (a mixer that declares no effective_weights, no hook_v, no d_key).
     """
     inputs = _field(batch, "inputs")[:max_examples]
     target_pos = _field(batch, "target_pos")[:max_examples].cpu()
@@ -335,20 +352,30 @@ def measure_model(model, batch, *, max_examples: int = 16) -> dict:
         model.train(was_training)
 
     values = sorted(int(x) for x in torch.unique(slice_value[query]).tolist())
-    heads, best = [], None
+    heads, best, status = [], None, {}
     span = answer_span(model)
     for layer, mixer in enumerate(model.mixers()):
-        stats = _layer_stats(mixer, cache, layer, target_pos, query, span)
-        for h in range(mixer.n_heads):
+        hooks = mixer_hooks(mixer, cache, f"layers.{layer}.mixer.")
+        reasons = _skip_reasons(mixer, hooks)
+        for what, why in reasons.items():
+            status[what] = why if status.get(what, "ok") == "ok" else status[what]
+        if reasons["sharpness"] != "ok":
+            continue
+        with_snr = reasons["snr"] == "ok"
+        d_key = getattr(mixer, "d_key", None)
+        stats = _layer_stats(mixer, hooks, target_pos, query, span, with_snr)
+        for h in range(0 if stats is None else stats["entropy"].shape[1]):
             for value in values:
-                agg = _aggregate(stats, h, query & (slice_value == value), model.d_key)
+                agg = _aggregate(stats, h, query & (slice_value == value), d_key, with_snr)
                 heads.append({"layer": layer, "head": h, "slice": slice_name, "value": value, **agg})
             if query.any():
-                pooled = _aggregate(stats, h, query, model.d_key)
+                pooled = _aggregate(stats, h, query, d_key, with_snr)
                 if best is None or pooled["target_weight"] > best["target_weight"]:
                     best = {**pooled, "retrieval_layer": layer, "retrieval_head": h}
     keys = ("target_weight", "entropy", "norm_entropy", "snr_measured", "snr_predicted")
-    if best is None:
-        best = {**{k: math.nan for k in keys}, "retrieval_layer": None, "retrieval_head": None}
-    summary = {k: best[k] for k in (*keys, "retrieval_layer", "retrieval_head")}
-    return {"summary": summary, "heads": heads}
+    summary = {"measure_examples": int(inputs.shape[0])}
+    if best is not None:
+        summary.update({k: best[k] for k in (*keys, "retrieval_layer", "retrieval_head") if k in best})
+    elif status.get("sharpness") == "ok":
+        summary.update({**{k: math.nan for k in keys}, "retrieval_layer": None, "retrieval_head": None})
+    return {"summary": summary, "heads": heads, "measure": status}

@@ -2,29 +2,18 @@
 
 Softmax keeps a KV cache that grows with the sequence (N keys and N values); linear and
 decayed mixers keep a fixed-size state. Counts are elements per head (multiply by the
-element size, heads and layers for bytes of a whole model).
+element size, heads and layers for bytes of a whole model); each mixer's `state_size`
+(harness.layers.protocol) is built from these.
 """
 
 from __future__ import annotations
 
-LINEAR_FAMILIES = ("linear", "identity", "elu", "elu1", "favor", "taylor", "kernel")
-DECAY_FAMILIES = ("decay", "retnet", "mamba", "gla", "ssd")
 
-
-def state_elements(family: str, d_k: int, d_v: int, *, normalize: bool = True) -> int:
-    """Elements of the recurrent state per head for a linear-in-N family.
-
-    Normalised linear attention (feature maps identity/elu/favor/taylor; d_k is the feature
-    dimension m): S (d_k x d_v) plus z (d_k). Decayed mixers (retnet/mamba/gla) have no
-    denominator: S only. Softmax has no fixed-size state: see :func:`kv_cache_elements`.
-    """
-    if family in LINEAR_FAMILIES:
-        return d_k * d_v + (d_k if normalize else 0)
-    if family in DECAY_FAMILIES:
-        return d_k * d_v
-    if family == "softmax":
-        raise ValueError("softmax keeps a KV cache that grows with the sequence: use kv_cache_elements(n, d)")
-    raise ValueError(f"unknown family {family!r}; expected one of {LINEAR_FAMILIES + DECAY_FAMILIES}")
+def state_elements(d_k: int, d_v: int, *, normalize: bool = True) -> int:
+    """Elements of a fixed-size recurrent state per head: S (d_k x d_v), plus the normaliser z
+    (d_k) of normalised kernel attention (d_k is then the feature dimension m). Decayed and
+    delta-rule states have no normaliser (normalize=False)."""
+    return d_k * d_v + (d_k if normalize else 0)
 
 
 def kv_cache_elements(n: int, d: int, d_v: int | None = None) -> int:
@@ -43,4 +32,4 @@ def kv_crossover(d_k: int, d_v: int, *, normalize: bool = True) -> int:
     n * (d_k + d_v) <= d_k * d_v (+ d_k): for GPT-2 heads (d = 64) the cache 128 n against
     the state 4160 gives 32 (the cache overtakes the state from 33 tokens on).
     """
-    return state_elements("linear", d_k, d_v, normalize=normalize) // (d_k + d_v)
+    return state_elements(d_k, d_v, normalize=normalize) // (d_k + d_v)

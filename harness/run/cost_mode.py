@@ -7,9 +7,10 @@ and forward + backward, and writes a "cost" table into results.json:
     {"family", "form", "seq_len", "pass": "fwd" | "fwdbwd", "time_s", "peak_mem_bytes", "model",
      "limit_ratio", "chunk_size", "d_key", "status", ...}
 
-family: softmax (model softmax); linear (linear, elu, favor, taylor; the key dimension is the
-feature map's m); decay_scalar (retnet with its constant decays, mamba); decay_per_dim (mamba
-with model.gate=per_dim). limit_ratio is the time over the essential 4 Dk Dv flops per token
+family: the harness.ops core the model's mixer declares (its `core`, harness.layers.protocol):
+softmax; linear (linear, elu, favor, taylor; the key dimension is the feature map's m);
+decay_scalar (retnet with its constant decays, mamba); decay_per_dim (mamba with
+model.gate=per_dim). limit_ratio is the time over the essential 4 Dk Dv flops per token
 and head (x3 with the backward pass) at the rate of a 1024^3 float32 GEMM measured in the same
 run. Calls that cannot fit in memory, or recurrent forms beyond `cost.recurrent_max_len`, are
 recorded with a "skipped: ..." status and no time.
@@ -23,27 +24,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from harness.config.validate import mixer_core
 from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
 
 MAX_CALL_S = 2.0  # a call predicted (from the previous length) to take longer is skipped
-KERNEL_FEATURES = {"linear": "identity", "elu": "elu1", "favor": "favor", "taylor": "taylor"}
-
-
-def model_family(model: DictConfig, head_dim: int) -> tuple[str, int]:
-    """(family, key dimension of the state) of a model config."""
-    from harness import features
-
-    name = model.name
-    if name == "softmax":
-        return "softmax", head_dim
-    if name in KERNEL_FEATURES:
-        m = model.get("favor_features") if name == "favor" else None
-        return "linear", features.feature_dim(KERNEL_FEATURES[name], head_dim, m=m)
-    if name == "retnet":
-        return "decay_scalar", head_dim
-    if name == "mamba":
-        return ("decay_per_dim" if model.get("gate", "scalar") == "per_dim" else "decay_scalar"), head_dim
-    raise ValueError(f"mode=cost: no mixer family for model {name!r}")
 
 
 def cost_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -51,16 +35,13 @@ def cost_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from harness.bench.report import crossovers, format_tables, limit_ratios, memory_exponents
     from harness.bench.run import BenchConfig, measure_forms
     from harness.bench.timing import median
-    from harness.train.loop import select_device
+    from harness.devices import select_device
 
     started = time.time()
     cc = cfg.cost
     device = select_device(cfg.trainer.device)
-    family, d_key = model_family(cfg.model, cc.head_dim)
+    family, d_key = mixer_core(cfg)
     forms = [f for f in cc.forms if f in cases.FORMS[family]]
-    if not forms:
-        raise ValueError(f"cost.forms={list(cc.forms)} has no form of the {family} family "
-                         f"(valid: {', '.join(cases.FORMS[family])})")
     bench = BenchConfig(device=str(device), bf16=cfg.trainer.precision == "bf16", batch=cc.batch_size,
                         heads=cc.n_heads, head_dim=cc.head_dim, seq_lens=list(cc.seq_lens), families=[family],
                         forms=forms, repeats=cc.repeats, recurrent_max_len=cc.recurrent_max_len,

@@ -12,7 +12,7 @@ from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_
 
 def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from harness.measure.probe import run_probe
-    from harness.train.loop import select_device
+    from harness.devices import select_device
 
     started = time.time()
     device = select_device(cfg.trainer.device)

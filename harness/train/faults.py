@@ -1,8 +1,9 @@
 """Numerical faults of a training run, caught on the device and named by step, layer and mixer.
 
 Each step checks, without leaving the device: every mixer's output is finite; every kernel
-denominator phi(q).z is finite, and positive where the feature map is positive (elu+1,
-FAVOR+, taylor; the identity map's denominator may take either sign); the loss is finite;
+denominator phi(q).z is finite, and positive where the mixer declares a positive feature map
+(`positive_denominator`: elu+1, FAVOR+, taylor; the identity map's denominator may take either
+sign); the loss is finite;
 each layer's gradient is finite. A per-site tensor keeps the first step at which each check
 failed. The loop reads it only where it syncs anyway (progress refresh, evaluation,
 checkpoint, end), so the hot loop gains no host sync, and the fault named is the first one:
@@ -22,9 +23,6 @@ from torch import nn
 
 from harness.errors import RunError
 from harness.ops.guards import watching_denominators
-
-POSITIVE_DENOMINATOR = ("elu", "favor", "taylor")  # phi >= 0, so phi(q).z > 0 when healthy
-
 
 @dataclass(frozen=True)
 class Site:
@@ -51,7 +49,7 @@ class FaultWatch:
     def __init__(self, model: nn.Module, mixer_name: str) -> None:
         self.mixer = mixer_name
         self.blocks = list(model.layers)
-        self.positive = mixer_name in POSITIVE_DENOMINATOR
+        self.positive = [bool(getattr(b.mixer, "positive_denominator", False)) for b in self.blocks]
         self.sites: list[Site] = []
         for i, block in enumerate(self.blocks):
             if getattr(block.mixer, "family", None) == "linear":
@@ -91,14 +89,15 @@ class FaultWatch:
         def hook(module, args, output):
             self._layer = None
             if self._armed:  # the sum is NaN or Inf exactly when some entry is (or it overflows)
-                self._flag(Site("output", layer), ~torch.isfinite(output.detach().sum()))
+                out = output[0] if isinstance(output, tuple) else output  # fla-style (o, attn, cache)
+                self._flag(Site("output", layer), ~torch.isfinite(out.detach().sum()))
         return hook
 
     def _denominator(self, den: torch.Tensor) -> None:
         if not self._armed or self._layer is None:
             return
         ok = torch.isfinite(den.sum())
-        if self.positive:
+        if self.positive[self._layer]:
             ok = ok & (den > 0).all()
         self._flag(Site("denominator", self._layer), ~ok)
 
@@ -141,7 +140,8 @@ class FaultWatch:
             return
         step, order = min(seen)
         site = self.sites[order]
-        what = "denominator_any_sign" if site.what == "denominator" and not self.positive else site.what
+        any_sign = site.what == "denominator" and not self.positive[site.layer]
+        what = "denominator_any_sign" if any_sign else site.what
         where = (f"layer {site.layer} (mixer {self.mixer})" if site.layer is not None
                  else f"the embedding/output head (model {self.mixer})")
         raise NumericalFault(f"numerical fault at step {step} in {where}: {_DESCRIBE[what]}",

@@ -21,19 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from harness.errors import RunError
+from harness.layers.parts import qk_width
 from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
                              flat_config, write_json)
-from harness.config.validate import model_config, task_config
+from harness.config.build import build_model, model_config, task_config
+from harness.devices import select_device
 
 IGNORE = -100
-
-
-def select_device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"trainer.device={spec} but no CUDA device is available")
-    return torch.device(spec)
 
 
 def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
@@ -125,7 +119,7 @@ def evaluate(model, eval_sets: list[EvalSet], autocast, chunk: int = 256) -> dic
             "settings": per_set, "slices": slices}
 
 
-def _autocast_factory(device: torch.device, precision: str):
+def autocast_factory(device: torch.device, precision: str):
     enabled = precision == "bf16"
 
     def ctx():
@@ -135,34 +129,35 @@ def _autocast_factory(device: torch.device, precision: str):
 
 
 def _measure(model, eval_sets: list[EvalSet], examples: int) -> dict[str, Any]:
+    """Sharpness and SNR on the first `examples` examples of every evaluation set (the summary
+    from the first); `measure_examples` in the summary is the count actually used."""
     from harness.measure.trained import measure_model
 
-    heads, summary = [], {}
+    heads, summary, status = [], {}, {}
     for i, es in enumerate(eval_sets):
-        b = es.batch
-        sub = type(b)(**{k: (v[:examples] if torch.is_tensor(v) else v)
-                         for k, v in b._asdict().items()}) if hasattr(b, "_asdict") else b
-        out = measure_model(model, sub)
+        out = measure_model(model, es.batch, max_examples=examples)
         heads.extend(out["heads"])
+        status = status or out["measure"]
         if i == 0:
             summary = out["summary"]
-    return {"summary": summary, "heads": heads}
+    return {"summary": summary, "heads": heads, "measure": status}
 
 
 def state_summary(model, task_seq_len: int) -> dict[str, Any]:
-    from harness.layers.common import qk_width
+    """State size per head and in bytes (float32), beside what a KV cache holds at this length.
+    A mixer that declares no state_size leaves the state keys out."""
     from harness.ops import kv_cache_elements
 
     cfg = model.cfg
     d_head = cfg.d_model // cfg.n_heads
-    per_head = model.state_elements_per_head()
-    heads = cfg.n_heads * cfg.n_layers
-    kv = kv_cache_elements(task_seq_len, qk_width(cfg), d_head)  # what softmax would cache
-    bytes_per = 4
-    if cfg.name == "softmax":
-        per_head = kv
-    return {"d_key": model.d_key, "d_head": d_head, "state_elements_per_head": per_head,
-            "state_bytes": per_head * heads * bytes_per, "kv_cache_bytes": kv * heads * bytes_per}
+    heads, bytes_per = cfg.n_heads * cfg.n_layers, 4
+    kv = kv_cache_elements(task_seq_len, qk_width(cfg), d_head)  # what softmax would cache per head
+    out: dict[str, Any] = {"d_key": model.d_key, "d_head": d_head, "kv_cache_bytes": kv * heads * bytes_per}
+    state = model.state_size(task_seq_len)
+    if state is not None:
+        out.update(state_elements_per_head=state // heads, state_elements_per_layer=state // cfg.n_layers,
+                   state_bytes=state * bytes_per)
+    return out
 
 
 def _fmt_bytes(n: float) -> str:
@@ -221,7 +216,6 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     """
     from harness.outputs import checkpoint
     from harness.train.faults import FaultWatch, NumericalFault
-    from harness.model import LanguageModel
 
     started = time.time()
     tr = cfg.trainer
@@ -234,14 +228,12 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
     eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)
     max_len = max(es.seq_len for es in eval_sets)
-    train_len = module.make_batch(tcfg, 1, seed=0, device=device).inputs.shape[1]
-    model = LanguageModel(mcfg, vocab_size=tcfg.vocab_size,
-                          max_seq_len=max(max_len, train_len)).to(device)
+    model = build_model(cfg).to(device)
     watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
     opt = build_optimizer(model, tr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tr))
-    autocast = _autocast_factory(device, tr.precision)
+    autocast = autocast_factory(device, tr.precision)
     loop = LoopState(running=torch.zeros((), device=device))
     if saved is not None:
         loop = _restore(saved, model, opt, sched)
@@ -324,6 +316,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
             measured = _measure(model, eval_sets, tr.measure_examples)
             summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
             results["heads"] = measured["heads"]
+            results["measure"] = measured["measure"]
         summary["wall_time_s"] = time.time() - started
         results["summary"] = summary
         results["env"] = env_info(str(device))
@@ -350,10 +343,11 @@ def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Pa
     per = ", ".join(f"{p['name']}: {p['accuracy']:.3f}" for p in last_eval["settings"])
     print(f"[harness] {cfg.task.name}/{cfg.model.name}: accuracy {summary['accuracy']:.3f} "
           f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
-    print(f"[harness] state {summary['state_elements_per_head']:,} elements/head "
-          f"({_fmt_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
-          f"{_fmt_bytes(summary['kv_cache_bytes'])})")
-    if "target_weight" in summary:
+    if "state_bytes" in summary:
+        print(f"[harness] state {summary['state_elements_per_head']:,} elements/head "
+              f"({_fmt_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
+              f"{_fmt_bytes(summary['kv_cache_bytes'])})")
+    if summary.get("target_weight") is not None and "snr_measured" in summary:
         print(f"[harness] retrieval head: weight on the correct key {summary['target_weight']:.3f}, "
               f"SNR measured {summary.get('snr_measured', float('nan')):.2f} "
               f"vs predicted {summary.get('snr_predicted', float('nan')):.2f}")

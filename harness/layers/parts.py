@@ -1,38 +1,10 @@
-"""Parts shared by the mixers: the registry, norms, rotary embedding, short convolution, MLP."""
+"""Parts the mixers are built from: norms, rotary embedding, short convolution, MLP, head split."""
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from harness.hooks import HookPoint
-
-# --------------------------------------------------------------------------------------------
-# Registry: model name -> mixer class. Each mixer module registers itself on import, so adding
-# a family is one new file plus one import line in harness/layers/__init__.py.
-
-MIXERS: dict[str, type] = {}
-
-
-def register(*names: str) -> Callable[[type], type]:
-    def deco(cls: type) -> type:
-        for name in names:
-            if name in MIXERS:
-                raise ValueError(f"mixer name {name!r} registered twice")
-            MIXERS[name] = cls
-        return cls
-
-    return deco
-
-
-def build_mixer(cfg, layer_idx: int) -> nn.Module:
-    """Construct the mixer named by cfg.name for layer `layer_idx`."""
-    if cfg.name not in MIXERS:
-        raise ValueError(f"unknown model name {cfg.name!r}; valid: {sorted(MIXERS)}")
-    return MIXERS[cfg.name](cfg, layer_idx)
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,60 +149,3 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     """x with softplus(x) = y, stable for small y."""
     return y + torch.log(-torch.expm1(-y))
-
-
-
-# --------------------------------------------------------------------------------------------
-# What every mixer shares: head geometry and the named hook points that measurement reads.
-
-
-class Mixer(nn.Module):
-    """Base of all mixers.
-
-    Hook points (all (B, H, T, .)):
-      hook_q_raw, hook_k_raw  q and k before the feature map (after rotary / scaling); their
-                              dot product is the score that monotonicity is measured against
-      hook_q, hook_k          exactly what is fed to the op (feature-mapped for kernel mixers)
-      hook_v                  values as fed to the op (dt-scaled for mamba)
-      hook_log_decay          decay mixers only: (B, H, T) or (B, H, T, Dk)
-      hook_out                the op's read-out, before per-head norm, gate and output projection
-
-    Subclasses set `family` (the ops state-accounting name), `d_key` (key dimension of the
-    state) and implement `effective_weights(q, k, log_decay)`, which calls the ops weights
-    function with the same arguments the forward pass gave the op.
-    """
-
-    family: str = ""
-    has_decay: bool = False
-
-    def __init__(self, cfg, layer_idx: int) -> None:
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_heads = cfg.n_heads
-        self.d_head = cfg.d_model // cfg.n_heads  # width of v and of the read-out
-        self.d_qk = qk_width(cfg)                # width of q and k before any feature map
-        self.d_key = self.d_qk                   # key side of the state (feature maps change it)
-        self.hook_q_raw, self.hook_k_raw = HookPoint(), HookPoint()
-        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_out = HookPoint()
-        self.rotary = Rotary(self.d_qk) if rotary_enabled(cfg) else None
-        self.qkv_sizes = (self.n_heads * self.d_qk, self.n_heads * self.d_qk, cfg.d_model)
-        self.qkv_proj = nn.Linear(cfg.d_model, sum(self.qkv_sizes), bias=False)
-        # The short convolution acts on q, k and v after their projection, each channel on its
-        # own (Mamba-2's conv over xBC; fla's q/k/v convs). So k can be the previous token's key
-        # while q stays the current token's: one layer can then write (key, value) pairs.
-        self.qkv_conv = ShortConv(sum(self.qkv_sizes), cfg.conv_size) if cfg.short_conv else None
-        if self.has_decay:
-            self.hook_log_decay = HookPoint()
-
-    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k (B, H, T, d_qk) and v (B, H, T, d_head) of x (B, T, C): projected, then
-        short-convolved if on."""
-        qkv = self.qkv_proj(x)
-        if self.qkv_conv is not None:
-            qkv = self.qkv_conv(qkv)
-        q, k, v = (split_heads(t, self.n_heads) for t in qkv.split(self.qkv_sizes, dim=-1))
-        return q, k, v
-
-    def effective_weights(self, q, k, log_decay=None) -> torch.Tensor:  # -> (B, H, T, T)
-        raise NotImplementedError
