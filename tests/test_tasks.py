@@ -40,7 +40,7 @@ def _check_common(batch, slice_name: str) -> None:
 def test_get_task_names_and_unknown():
     assert sorted(TASKS) == ["induction", "interference", "recall"]
     assert get_task("recall") is recall and get_task("induction") is induction
-    with pytest.raises(ValueError, match=r"^unknown task 'x'; valid: induction, interference, recall$"):
+    with pytest.raises(ValueError, match=r"^unknown task 'x'; valid: induction, interference, recall, or a module path"):
         get_task("x")
 
 

@@ -6,6 +6,7 @@ so a case costs one compose); tests/test_cli.py keeps a few real-process checks.
 import sys
 
 import pytest
+import torch
 
 from harness.config.compose import compose_config
 from harness.run import cli
@@ -47,6 +48,8 @@ CASES = [
     (["trainer.eval_every=0"], "trainer.eval_every", "must be a positive integer"),
     (["trainer.device=tpu"], "trainer.device", "must be auto, cpu, cuda or cuda:N, got 'tpu'"),
     (["trainer.device=cuda:x"], "trainer.device", "got 'cuda:x'"),
+    *([] if torch.cuda.is_available() else [
+        (["trainer.device=cuda:1"], "trainer.device", "trainer.device=cuda:1 but no CUDA device is available")]),
     (["logger.project=a/b"], "logger.project", "without any of /"),
     # probe and cost
     (["probe.d=[]"], "probe.d", "must be a non-empty list of integers >= 2, got []"),
@@ -129,7 +132,8 @@ def test_unknown_choice_names_every_valid_option(precheck):
 
 
 @pytest.mark.parametrize("overrides", [
-    ["trainer.device=cuda:1", "trainer.ckpt_every=null", "trainer.grad_clip=0"],
+    ["trainer.device=" + ("cuda:0" if torch.cuda.is_available() else "cpu"), "trainer.ckpt_every=null",
+     "trainer.grad_clip=0"],
     ["model=retnet", "model.decay=0.9"],
     ["mode=cost", "model=softmax", "cost.forms=[chunk,parallel]"],
 ])

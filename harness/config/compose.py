@@ -86,6 +86,29 @@ def _sibling_keys(key: str, overrides: list[str]) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
+def with_outside_tasks(overrides: list[str]) -> list[str]:
+    """Overrides in which an outside task is a group choice: `task.name=package.module` becomes
+    `task=package.module`, and every such module is registered as a choice of the task group
+    (its own Config is then the schema of `task.*`). A module that is not a task is a ConfigError."""
+    from harness.config.schema import register_task
+    from harness.tasks import get_task, is_outside
+
+    out = []
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if eq and key.lstrip("+") in ("task", "task.name") and any(is_outside(v) for v in value.split(",")):
+            for name in value.split(","):
+                if is_outside(name):
+                    try:
+                        get_task(name)
+                    except ValueError as exc:
+                        raise ConfigError(str(exc)) from None
+                    register_task(name)
+            item = f"task={value}"
+        out.append(item)
+    return out
+
+
 def compose_config(overrides: list[str]):
     """Compose (and validate) the config for `overrides` exactly as a run would see it."""
     from hydra import compose, initialize_config_dir
@@ -95,6 +118,7 @@ def compose_config(overrides: list[str]):
     from harness.config.validate import validate_config
 
     register()
+    overrides = with_outside_tasks(overrides)
     if not GlobalHydra.instance().is_initialized():
         # Initialised once per process and kept: composing many configs (a sweep file's
         # commands, a notebook) then costs milliseconds each.

@@ -104,6 +104,11 @@ def task_schema(name: str) -> type:
     )
 
 
+def register_task(name: str) -> None:
+    """Make an outside task module a choice of the task group: `task=package.module`."""
+    ConfigStore.instance().store(group="task", name=name, node=task_schema(name))
+
+
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)

@@ -7,6 +7,7 @@ ValueError with one readable line naming the key, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 from omegaconf import DictConfig, OmegaConf
@@ -65,9 +66,12 @@ def _check_trainer(tr: dict) -> None:
 
 
 def _check_device(spec: object) -> None:
-    """Only the spelling: whether CUDA is there is known at train time (train.select_device)."""
+    """The spelling, and that a CUDA device asked for is there (harness.devices.select_device)."""
+    from harness.devices import select_device
+
     if not (isinstance(spec, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", spec)):
         checks.fail("trainer.device", "auto, cpu, cuda or cuda:N", spec)
+    select_device(spec)
 
 
 def _check_logger(lg: dict) -> None:
@@ -128,8 +132,22 @@ def _check_cost_family(cfg: DictConfig) -> None:
                    f"(the {family} family has {', '.join(FORMS[family])})")
 
 
+_VALIDATED: set[str] = set()  # configs this process has validated already (by content)
+
+
 def validate_config(cfg: DictConfig) -> None:
+    """Every check of every key; a config validated before in this process (the CLI's pre-check,
+    then the job) is not checked again."""
     c = OmegaConf.to_container(cfg, resolve=True)  # plain values: lists, not ListConfigs
+    c.pop("hydra", None)
+    key = json.dumps(c, sort_keys=True, default=str)
+    if key in _VALIDATED:
+        return
+    _validate(c, cfg)
+    _VALIDATED.add(key)
+
+
+def _validate(c: dict, cfg: DictConfig) -> None:
     _check_keys(c)
     checks.choice("mode", c["mode"], MODES)
     checks.integer("seed", c["seed"], minimum=0, maximum=SEED_MAX)

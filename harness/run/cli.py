@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.config.compose import CONF_DIR, compose_config
+from harness.config.compose import CONF_DIR, ConfigError, compose_config, with_outside_tasks
 from harness.errors import in_one_line
 
 
@@ -23,6 +23,21 @@ def _is_multirun(argv: list[str]) -> bool:
 
 def _wants_hydra_only(argv: list[str]) -> bool:
     return any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv)
+
+
+def _run_dir_is_out_dir(argv: list[str]) -> list[str]:
+    """With `out_dir=DIR` a single run keeps Hydra's own files (.hydra/, the log) in DIR too,
+    rather than in a second directory under outputs/. A DIR that does not exist yet is this
+    run's own: a refused run removes it again (harness.run.job.discard_refused)."""
+    from harness.run import job
+
+    keys = {a.split("=", 1)[0].lstrip("+~") for a in argv}
+    given = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "out_dir"]
+    if "hydra.run.dir" in keys or _is_multirun(argv) or not given or given[-1] in ("", "null"):
+        return argv
+    if not Path(given[-1]).exists():
+        job.FRESH_DIRS.add(Path(given[-1]).resolve())
+    return [*argv, f"hydra.run.dir={given[-1]}"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,5 +61,11 @@ def main(argv: list[str] | None = None) -> None:
     from harness.run.job import run_job
 
     register()
+    argv = _run_dir_is_out_dir(argv)
+    try:
+        argv = with_outside_tasks(argv)  # in a sweep too: each job composes its task's schema
+    except ConfigError as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     sys.argv = [sys.argv[0], *argv]
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_job)()

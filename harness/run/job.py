@@ -74,6 +74,35 @@ def _output_dir(cfg: DictConfig, run_dir: Path | None) -> tuple[Path, dict[str, 
     return out_dir, saved
 
 
+FRESH_DIRS: set[Path] = set()  # out_dir values that did not exist before this process (harness.run.cli)
+
+
+def discard_refused(run_dir: Path, cfg: DictConfig) -> None:
+    """A refused run leaves nothing: a run directory this start made (Hydra's timestamped one, or
+    an out_dir that did not exist) goes again if it holds only what this start put there (Hydra's
+    .hydra/ and log, config.yaml). Any other directory is left as it was."""
+    import shutil
+
+    out_dir = Path(run_dir)
+    if cfg.out_dir and out_dir.resolve() not in FRESH_DIRS:
+        return
+    try:
+        entries = list(out_dir.iterdir())
+    except OSError:
+        return
+    ours = all(e.name in (".hydra", "config.yaml") or e.suffix == ".log" for e in entries)
+    if not ours:
+        return
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cwd, parent = Path.cwd().resolve(), out_dir.resolve().parent
+    while parent != cwd and cwd in parent.parents:  # outputs/<task>-<model>/ made for it, now empty
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        parent = parent.parent
+
+
 def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool) -> dict[str, Any]:
     """A failed job: in a sweep, report it and let the sweep go on; alone, exit non-zero with
     one line (2 for bad input, 1 for a run error), or re-raise anything unexpected."""
@@ -87,10 +116,21 @@ def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool) -> dict[str, A
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
+    from harness.config.validate import validate_config
+
     run_dir, multirun, sweep_dir = _hydra_context()
+    if not multirun:  # refused before anything is written (a sweep records the failure instead)
+        try:
+            validate_config(cfg)  # once per run: the pre-check's validation is remembered
+        except ValueError as exc:
+            if run_dir is not None:
+                discard_refused(run_dir, cfg)
+            return _give_up(exc, cfg, multirun)
     try:
         out_dir, saved = _output_dir(cfg, run_dir)
     except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
+        if not multirun and run_dir is not None and isinstance(exc, ValueError):
+            discard_refused(run_dir, cfg)
         return _give_up(exc, cfg, multirun)
 
     if multirun and cfg.sweep.skip_completed and sweep_dir is not None:
@@ -98,8 +138,6 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         if done is not None:
             print(f"[harness] skip: results for this config exist in {done}")
             return {"status": "skipped", "dir": str(done)}
-
-    from harness.config.validate import validate_config
 
     started = time.time()
     try:
