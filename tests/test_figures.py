@@ -15,7 +15,6 @@ from matplotlib.figure import Figure
 
 from analysis import figures
 from analysis.loader import load_all
-from analysis.plots import reference
 from analysis.plots.capacity import capacity_figure
 from analysis.plots.common import palette, retrieval_heads
 from analysis.plots.cost import cost_rows, cost_slopes, state_figure
@@ -71,15 +70,6 @@ def test_capacity_plots_each_mixer_against_n_over_d_with_theory(frames):
     np.testing.assert_allclose(snr[-1], 1 / np.sqrt(x[-1]), rtol=0.01)
 
 
-def test_capacity_without_theory_draws_the_closed_form_and_says_so(frames, monkeypatch):
-    monkeypatch.setattr(reference, "_function", lambda module, name: None)
-    fig = capacity_figure(frames["capacity"])
-    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
-    assert "predicted accuracy not drawn" in texts and "closed form sqrt(d/N)" in texts
-    x, snr = fig.axes[1].lines[0].get_xdata(), fig.axes[1].lines[0].get_ydata()
-    np.testing.assert_allclose(snr, 1 / np.sqrt(x))
-
-
 def test_snr_slopes_are_fitted_per_mixer_and_source(frames):
     pts = snr_points(frames["snr"])
     assert set(pts["source"]) == {"untrained probe", "trained, per head"}  # summary not counted twice
@@ -117,18 +107,15 @@ def test_sharpness_falls_back_to_run_summaries(frames):
     assert fig.axes[0].get_ylabel() == "attention entropy H (nats)"
 
 
-def test_state_figure_marks_the_gpt2_crossover(monkeypatch):
-    for accounting in ("harness.ops", "formulas"):
-        if accounting == "formulas":
-            monkeypatch.setattr(reference, "_function", lambda module, name: None)
-        fig = state_figure()
-        ax = fig.axes[0]
-        assert any("crossover N ≈ 32" in t.get_text() for t in ax.texts), accounting
-        kv = next(line for line in ax.lines if "KV cache" in line.get_label())
-        n, elements = kv.get_xdata(), kv.get_ydata()
-        np.testing.assert_allclose(elements, 2 * 64 * n)
-        state = next(line for line in ax.lines if "d·d + d" in line.get_label())
-        assert state.get_ydata()[0] == 64 * 64 + 64
+def test_state_figure_marks_the_gpt2_crossover():
+    fig = state_figure()
+    ax = fig.axes[0]
+    assert any("crossover N ≈ 32" in t.get_text() for t in ax.texts)
+    kv = next(line for line in ax.lines if "KV cache" in line.get_label())
+    n, elements = kv.get_xdata(), kv.get_ydata()
+    np.testing.assert_allclose(elements, 2 * 64 * n)
+    state = next(line for line in ax.lines if "d·d + d" in line.get_label())
+    assert state.get_ydata()[0] == 64 * 64 + 64
 
 
 def test_cost_slopes_follow_the_form(frames):

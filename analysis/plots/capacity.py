@@ -63,10 +63,7 @@ def capacity_figure(data) -> Figure:
                                 "(or summary.candidates) and summary.d_head")
             break
         n = np.geomspace(max(grp["value"].min() / 2, 2), grp["value"].max() * 2, 40)
-        acc, source = accuracy_curve(d, n, candidates=int(c), value_dim=int(d_v))
-        if acc is None:
-            accuracy_missing = source
-            break
+        acc = accuracy_curve(d, n, candidates=int(c), value_dim=int(d_v))
         ax.plot(n / d, acc, ls="--", lw=1.0, color=colors[model])
     ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
@@ -79,16 +76,15 @@ def capacity_figure(data) -> Figure:
     d_ref = float(pts["summary.d_key"].median())
     x = np.geomspace(pts["n_over_d"].min() / 2, pts["n_over_d"].max() * 2, 60)
     x = x[x * d_ref >= 2]
-    snr, snr_source = snr_curve(d_ref, x * d_ref)
+    snr = snr_curve(d_ref, x * d_ref)
     twin = ax.twinx()
     twin.plot(x, snr, color="k", ls="-.", lw=1.0)
     twin.set_yscale("log")
     twin.grid(False)
     twin.set_ylabel("predicted SNR = sqrt(d/N) (ratio)")
 
-    notes = [accuracy_missing, None if snr_source.startswith("SNR: harness") else snr_source]
-    if any(notes):
-        note(ax, "\n".join(filter(None, notes)))
+    if accuracy_missing:
+        note(ax, accuracy_missing)
     extra = {"theory: sqrt(d/N), right axis": Line2D([], [], color="k", ls="-.")}
     if accuracy_missing is None:
         extra["theory: accuracy, state of dim d"] = Line2D([], [], color="0.3", ls="--")

@@ -44,8 +44,6 @@ def state_figure(d_head: int = 64, *, n_max: int = 100_000) -> Figure:
            ylabel="memory per head (elements)",
            title=f"State against KV cache, d = {d_head} per head"
                  + (" (GPT-2 geometry)" if d_head == 64 else ""))
-    if not sizes["source"].startswith("state sizes: harness"):
-        note(ax, sizes["source"], loc="upper left")
     legend_outside(fig, ax)
     return fig
 

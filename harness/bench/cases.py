@@ -25,12 +25,12 @@ from typing import Callable
 import torch
 
 from harness import ops
+from harness.ops.cores import CORE_FORMS
 from harness.layers.retnet import retnet_log_gammas
 
 FAMILIES = ("softmax", "linear", "decay_scalar", "decay_per_dim")
 LINEAR_FAMILIES = ("linear", "decay_scalar", "decay_per_dim")
-FORMS = {"softmax": ("parallel", "recurrent"), "linear": ("parallel", "chunk", "recurrent"),
-         "decay_scalar": ("parallel", "chunk", "recurrent"), "decay_per_dim": ("parallel", "chunk", "recurrent")}
+FORMS = CORE_FORMS  # the forms of each core (harness.ops.cores)
 PASSES = ("fwd", "fwdbwd")
 # Chunk lengths of the chunk forms when none is asked for: the fastest on the machines measured
 # (docs/benchmarks.md); every length gives the same numbers.

@@ -17,6 +17,7 @@ from harness.config.schema import (MODES, Config, CostConfig, LoggerConfig, Prob
                             TrainerConfig, task_schema)
 from harness.config.build import model_config, task_config
 from harness.layers.registry import check_mixer
+from harness.ops.cores import CORE_FORMS
 from harness.model import ModelConfig
 from harness.model import validate as validate_model
 
@@ -108,28 +109,26 @@ def mixer_core(cfg: DictConfig) -> tuple[str, int]:
     declares no core."""
     from dataclasses import replace
 
-    from harness.bench.cases import FORMS
     from harness.layers import build
 
     mcfg = replace(model_config(cfg.model), d_model=cfg.cost.n_heads * cfg.cost.head_dim,
                    n_heads=cfg.cost.n_heads)
     mixer = build(mcfg, 0)
     core, d_key = getattr(mixer, "core", None), getattr(mixer, "d_key", None)
-    checks.require(core in FORMS and d_key is not None,
+    checks.require(core in CORE_FORMS and d_key is not None,
                    f"mode=cost: model.name={cfg.model.name} declares no core of harness.ops "
-                   f"({', '.join(FORMS)}) and key dimension (core, d_key); mode=cost times those")
+                   f"({', '.join(CORE_FORMS)}) and key dimension (core, d_key); mode=cost times those")
     return core, int(d_key)
 
 
 def _check_cost_family(cfg: DictConfig) -> None:
     """mode=cost times only the forms the model's family has (softmax has no chunk form)."""
-    from harness.bench.cases import FORMS
 
     family, _ = mixer_core(cfg)
     forms = list(cfg.cost.forms)
-    checks.require(any(f in FORMS[family] for f in forms),
+    checks.require(any(f in CORE_FORMS[family] for f in forms),
                    f"cost.forms={forms} has no form of model={cfg.model.name} "
-                   f"(the {family} family has {', '.join(FORMS[family])})")
+                   f"(the {family} family has {', '.join(CORE_FORMS[family])})")
 
 
 _VALIDATED: set[str] = set()  # configs this process has validated already (by content)

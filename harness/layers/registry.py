@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 from typing import Any, Callable
 
 from torch import nn
@@ -41,11 +42,10 @@ def _discover() -> None:
     global _discovered
     if _discovered:
         return
-    import harness.layers as package
-
-    for info in pkgutil.iter_modules(package.__path__):
+    here = Path(__file__).resolve().parent  # harness/layers
+    for info in pkgutil.iter_modules([str(here)]):
         if info.name not in _NOT_MIXERS:
-            importlib.import_module(f"{package.__name__}.{info.name}")
+            importlib.import_module(f"{__package__}.{info.name}")
     _discovered = True
 
 

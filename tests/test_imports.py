@@ -1,0 +1,50 @@
+"""The package's imports form a DAG that follows its layers (harness.devtools.imports)."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.devtools import imports
+
+
+def test_no_cycles_and_no_upward_imports():
+    g = imports.graph()
+    assert len(g) > 50  # the whole package was read
+    assert imports.cycles(g) == []
+    assert imports.upward(g) == []
+
+
+def test_every_module_has_a_layer():
+    for name in imports.graph():
+        imports.layer_of(name)  # raises KeyError for a module outside LAYERS
+
+
+def test_a_cycle_and_an_upward_import_are_found():
+    g = {"harness.ops.a": {"harness.ops.b"}, "harness.ops.b": {"harness.ops.a"},
+         "harness.ops.c": {"harness.train.loop"}, "harness.train.loop": set()}
+    assert imports.cycles(g) == [["harness.ops.a", "harness.ops.b"]]
+    assert imports.upward(g) == [("harness.ops.c", "harness.train.loop")]
+
+
+def test_from_package_import_module_counts_the_module(tmp_path):
+    known = {"harness", "harness.ops", "harness.ops.linear", "harness.layers.kernel"}
+    src = tmp_path / "kernel.py"
+    src.write_text("from harness import ops\nfrom harness.ops import linear\nfrom . import parts\n")
+    assert imports.imports_of("harness.layers.kernel", src, known) == {"harness.ops", "harness.ops.linear"}
+
+
+def test_the_command_prints_the_layers_in_order():
+    out = subprocess.run([sys.executable, "-m", "harness.devtools.imports"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    labels = [line.split()[1] for line in out.stdout.splitlines() if line[:2].strip().isdigit()]
+    assert labels[:4] == ["base", "ops", "hooks", "layers"] and labels.index("train") < labels.index("run")
+
+
+def test_analysis_imports_harness_plainly():
+    """Figure code imports harness as any user would: no importlib look-ups with fallbacks."""
+    for path in Path(__file__).resolve().parent.parent.joinpath("analysis").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "importlib" not in names | modules, path
