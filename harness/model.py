@@ -74,6 +74,10 @@ def validate(cfg: ModelConfig) -> None:
     registry.resolve(cfg.name)  # a known name or an importable class, else one line
     if not isinstance(cfg.options, Mapping):
         checks.fail("model.options", "a mapping of keyword arguments (model.options.<name>=<value>)", cfg.options)
+    if cfg.options and not registry.is_dotted(cfg.name):
+        key = next(iter(cfg.options))
+        raise ValueError(f"model.options.{key}: the built-in mixer {cfg.name!r} takes no options "
+                         "(its settings are model.* keys); model.options is for outside mixers")
     for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size"):
         checks.integer(f"model.{field}", getattr(cfg, field))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a project virtual environment in .venv with the right torch build.
-# On a machine without CUDA it installs the CPU build of torch (never a multi-GB CUDA build);
-# on a GPU machine it keeps the CUDA build it finds or installs one. A second run reuses
-# everything already installed and only checks it.
+# On a machine without CUDA it installs the CPU build of torch (never a multi-GB CUDA build),
+# from PyTorch's CPU wheel index, or from the configured index when that one is unreachable
+# (scripts/choose_torch.py); on a GPU machine it keeps the CUDA build it finds or installs one.
+# A second run reuses everything already installed and only checks it. pip's own output goes
+# to .venv/setup.log and is shown only when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${HARNESS_VENV:-.venv}"
 PY="${PYTHON:-python3}"
-TORCH_CPU_VERSION="2.13.0"
 
 if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating $VENV"
     "$PY" -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
+LOG="$VENV/setup.log"
 
 stamp="$VENV/.harness-installed"
 want="$(sha1sum pyproject.toml | cut -d' ' -f1)"
@@ -21,17 +23,22 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VPY" -c "import torch
     exit 0
 fi
 
-if ! "$VPY" -c "import torch" 2>/dev/null; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        echo "[setup] CUDA device found: installing a CUDA build of torch"
-        "$VPY" -m pip install --quiet torch
-    else
-        echo "[setup] no CUDA device: installing the CPU build torch==$TORCH_CPU_VERSION"
-        "$VPY" -m pip install --quiet "torch==$TORCH_CPU_VERSION"
+quietly() {  # run a set-up step with its output in the log; on failure show the log's end
+    if ! "$@" >>"$LOG" 2>&1; then
+        echo "[setup] failed: $*" >&2
+        echo "[setup] the last lines of $LOG:" >&2
+        tail -n 25 "$LOG" >&2
+        exit 1
     fi
+}
+
+if ! "$VPY" -c "import torch" 2>/dev/null; then
+    read -r -a torch_args < <("$PY" scripts/choose_torch.py 2>"$LOG.why")
+    echo "[setup] $(cat "$LOG.why")"
+    quietly "$VPY" -m pip install --quiet "${torch_args[@]}"
 fi
 echo "[setup] installing recall-harness and its dependencies"
-"$VPY" -m pip install --quiet -e ".[dev]"
+quietly "$VPY" -m pip install --quiet -e ".[dev]"
 # The fused CPU kernels of the chunk forms are compiled once here (about 25 s, cached), so the
 # first run does not pay for it; without a compiler it warns and the batched form runs.
 echo "[setup] building the fused CPU kernel"

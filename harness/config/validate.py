@@ -16,7 +16,7 @@ from harness import checks
 from harness.config.schema import (MODES, Config, CostConfig, LoggerConfig, ProbeConfig, SweepConfig,
                             TrainerConfig, task_schema)
 from harness.config.build import model_config, task_config
-from harness.layers.registry import check_mixer
+from harness.layers.registry import check_mixer, resolve
 from harness.ops.cores import CORE_FORMS
 from harness.model import ModelConfig
 from harness.model import validate as validate_model
@@ -166,3 +166,7 @@ def _validate(c: dict, cfg: DictConfig) -> None:
         module.validate(setting)
     if c["mode"] == "cost":
         _check_cost_family(cfg)
+    if c["mode"] == "probe":
+        checks.require(getattr(resolve(mcfg.name), "probe_memory", None) is not None,
+                       f"probe: model {mcfg.name!r} declares no probe_memory(d, seed) "
+                       "(harness.layers.protocol), so the probe cannot write random pairs into it")

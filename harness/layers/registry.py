@@ -7,7 +7,8 @@ built-in mixer is one file) or a dotted import path `package.module.Class` to an
 A mixer is constructed with the keyword arguments its constructor names among those the
 harness can supply (:func:`supplied`): `d_model` (or fla's `hidden_size`), `n_heads` (or
 `num_heads`), `layer_idx`, `config` (the ModelConfig), and every entry of `model.options`.
-An option the constructor does not take is an error, unless it takes **kwargs.
+An option the constructor does not take is an error, unless it takes **kwargs (built-in mixers
+take no options: harness.model.validate refuses them).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def register(*names: str) -> Callable[[type], type]:
         return cls
 
     return deco
+
+
+def unregister(name: str) -> None:
+    """Forget a built-in name (a notebook redefining a mixer, a test cleaning up)."""
+    _BUILTINS.pop(name, None)
 
 
 def _discover() -> None:
@@ -104,9 +110,6 @@ def constructor_kwargs(cls: type, config, layer_idx: int) -> dict[str, Any]:
     options = dict(config.options or {})
     kwargs = {k: v for k, v in supplied(config, layer_idx).items() if k in named and k not in options}
     for key, value in options.items():
-        if not is_dotted(config.name):
-            raise ValueError(f"model.options.{key}: the built-in mixer {config.name!r} takes no options "
-                             "(its settings are model.* keys); model.options is for outside mixers")
         if key not in named and not takes_any:
             raise ValueError(f"model.options.{key}: model.name={config.name} takes no argument "
                              f"{key!r} (it takes: {', '.join(sorted(named)) or 'none'})")

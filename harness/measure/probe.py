@@ -81,6 +81,7 @@ What it shows (default grid, seed 0).
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import time
 import zlib
@@ -224,23 +225,30 @@ def probe_class(model: str) -> type:
     return cls
 
 
+def _memory(model: str, d: int, seed: int, options: tuple = ()):
+    """The mixer's ProbeMemory, drawn once per (model, d, seed, options) and shared by every N,
+    as a layer's FAVOR+ features are fixed between redraws. options: (name, value) pairs of
+    model.options, passed where probe_memory names them."""
+    return _memory_cached(model, d, seed, tuple(sorted(options)))
+
+
 @functools.lru_cache(maxsize=32)
-def _memory(model: str, d: int, seed: int):
-    """The mixer's ProbeMemory, drawn once per (model, d, seed) and shared by every N, as a
-    layer's FAVOR+ features are fixed between redraws."""
-    return probe_class(model).probe_memory(d, seed)
+def _memory_cached(model: str, d: int, seed: int, options: tuple):
+    fn = probe_class(model).probe_memory
+    named = inspect.signature(fn).parameters
+    return fn(d, seed, **{k: v for k, v in options if k in named})
 
 
 def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 1024, max_queries: int = 1024,
               min_queries: int = 1024, value_dim: Optional[int] = None, chunk: int = 4096,
-              device: str = "cpu") -> dict:
+              device: str = "cpu", options: Optional[dict] = None) -> dict:
     """Measure and predict one (model, d, N); see the module docstring for every column."""
     cls = probe_class(model)
     if d < 2 or n < 2 or candidates < 2:
         raise ValueError(f"need d >= 2, n >= 2 and candidates >= 2, got d={d}, n={n}, candidates={candidates}")
     started = time.time()
     d_v = value_dim or d
-    memory = _memory(model, d, seed)
+    memory = _memory(model, d, seed, tuple((options or {}).items()))
     reads_per_state = min(n, max_queries) if memory.read == "softmax" else n
     states = max(1, math.ceil(min_queries / reads_per_state))
     gen = _generator(seed, model, d, n, candidates, d_v)
@@ -304,7 +312,7 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
 def run_probe(models: Optional[list[str]] = None, ds: Optional[list[int]] = None, ns: Optional[list[int]] = None, *,
               seed: int = 0, candidates: int = 1024, max_queries: int = 1024, min_queries: int = 1024,
               value_dim: Optional[int] = None, chunk: int = 4096, device: str = "cpu",
-              progress: bool = True) -> list[dict]:
+              progress: bool = True, options: Optional[dict] = None) -> list[dict]:
     """The probe over models x ds x ns: one dict per (model, d, N), in that order.
 
     models: default MODELS (taylor on request); ds: default (32, 64, 128); ns: default
@@ -325,5 +333,6 @@ def run_probe(models: Optional[list[str]] = None, ds: Optional[list[int]] = None
     for model, d, n in bar:
         bar.set_postfix_str(f"{model} d={d} N={n}")
         rows.append(probe_row(model, d, n, seed=seed, candidates=candidates, max_queries=max_queries,
-                              min_queries=min_queries, value_dim=value_dim, chunk=chunk, device=device))
+                              min_queries=min_queries, value_dim=value_dim, chunk=chunk, device=device,
+                              options=options))
     return rows

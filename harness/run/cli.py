@@ -43,7 +43,10 @@ def _run_dir_is_out_dir(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not _is_multirun(argv) and not _wants_hydra_only(argv):
-        overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")]
+        # Hydra's own keys are Hydra's business, but for the search path: a user's config groups
+        # (hydra.searchpath=[file://my_conf]) must be found by the pre-check too.
+        overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")
+                     or a.lstrip("+~").startswith("hydra.searchpath")]
         try:
             compose_config(overrides)
         except ValueError as exc:

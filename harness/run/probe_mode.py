@@ -18,7 +18,8 @@ def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     device = select_device(cfg.trainer.device)
     rows = run_probe([cfg.model.name], list(cfg.probe.d), list(cfg.probe.n) if cfg.probe.n is not None else None, seed=cfg.probe.seed,
                      candidates=cfg.probe.candidates, max_queries=cfg.probe.max_queries,
-                     device=str(device), progress=cfg.trainer.progress)
+                     device=str(device), progress=cfg.trainer.progress,
+                     options=dict(cfg.model.options or {}))
     results = base_results(cfg, "probe")
     results["probe"] = rows
     results["summary"] = {"rows": len(rows), "wall_time_s": time.time() - started}
