@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from analysis.loader import NoResultsError, find_results, load_all
+from analysis.plots.attention import attention_figure
 from analysis.plots.capacity import capacity_figure
 from analysis.plots.common import warn
 from analysis.plots.cost import cost_figure, state_figure
@@ -46,6 +47,7 @@ FIGURES = (
     FigureSpec("capacity", "capacity", capacity_figure),
     FigureSpec("snr", "snr", snr_figure),
     FigureSpec("sharpness", "sharpness", sharpness_figure),
+    FigureSpec("attention", "sharpness", attention_figure),  # reopens the sweep's softmax and elu runs
     FigureSpec("mqar", "mqar", mqar_figure),
     FigureSpec("induction", "induction", induction_figure),
     FigureSpec("state_vs_kv", None, state_figure),

@@ -41,7 +41,7 @@ def kernel(tree, tmp_path_factory):
 
 def test_every_figure_family_has_a_notebook():
     names = {p.stem for p in NOTEBOOKS}
-    assert names == {"nb_capacity", "nb_snr", "nb_sharpness", "nb_mqar", "nb_induction", "nb_cost"}
+    assert names == {"nb_capacity", "nb_snr", "nb_sharpness", "nb_mqar", "nb_induction", "nb_cost", "nb_attention"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -1,4 +1,5 @@
-"""The worked examples of SPEC §1, reproduced exactly, and the state-size accounting."""
+"""The worked examples of the mathematics (README, docs/reproductions.md), reproduced exactly, and the
+state-size accounting."""
 
 import math
 

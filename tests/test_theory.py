@@ -18,7 +18,7 @@ from harness.measure import theory
 
 def test_predicted_snr_is_the_law():
     assert theory.predicted_snr(128, 128) == pytest.approx(1.0)
-    assert theory.predicted_snr(128, 4096) == pytest.approx(0.1768, abs=1e-4)  # SPEC: 0.18 at N = 4096
+    assert theory.predicted_snr(128, 4096) == pytest.approx(0.1768, abs=1e-4)  # 0.18 at N = 4096, d = 128
     np.testing.assert_allclose(theory.predicted_snr(64, np.array([16, 64, 256])), [2.0, 1.0, 0.5])
     assert math.isinf(theory.predicted_snr(64, 0))
 

@@ -23,9 +23,14 @@ def test_task_model_pair_runs(tmp_path, task, model):
     res = run(tmp_path, f"task={task}", f"model={model}")
     assert res["status"] == "ok" and res["task"] == task and res["model"] == model
     s = res["summary"]
-    assert 0.0 <= s["accuracy"] <= 1.0 and s["steps"] == 6
-    assert s["state_elements_per_head"] > 0 and s["params"] > 0
-    assert res["slices"] and all(0 <= r["accuracy"] <= 1 for r in res["slices"])
+    assert s["steps"] == 6 and s["state_elements_per_head"] > 0 and s["params"] > 0
+    # accuracy is a count of hits: each slice's is k / count, and the summary their weighted mean
+    slices = res["slices"]
+    assert slices and all(abs(r["accuracy"] * r["count"] - round(r["accuracy"] * r["count"])) < 1e-4  # float32 means
+                          and 0 <= round(r["accuracy"] * r["count"]) <= r["count"] for r in slices)
+    hits = sum(r["accuracy"] * r["count"] for r in slices)
+    assert s["accuracy"] == pytest.approx(hits / sum(r["count"] for r in slices), abs=1e-6)
+    assert s["measure_examples"] == 8  # trainer=debug measures 8 examples, the setting's count
     assert res["heads"], "measurements are on by default"
     assert res["config"]["model.name"] == model  # flat config
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "model.pt").exists()
@@ -55,14 +60,25 @@ def test_softmax_learns_default_recall_well_above_chance(tmp_path):
 
 
 def test_checkpoint_reloads_into_the_same_model(tmp_path):
-    from harness.model import LanguageModel, ModelConfig
+    """model.pt reopened by harness.load_run evaluates to the accuracy and loss the run reported."""
+    import harness
+    from harness.train.loop import evaluate, make_eval_sets
 
-    run(tmp_path, "model=retnet")
-    ckpt = torch.load(tmp_path / "model.pt", weights_only=True)
-    mcfg = ModelConfig(**ckpt["config"]["model"])
-    model = LanguageModel(mcfg, vocab_size=ckpt["config"]["task"]["vocab_size"], max_seq_len=64)
-    model.load_state_dict(ckpt["model"])
+    res = run(tmp_path, "model=retnet", "trainer.max_steps=30", "trainer.eval_every=30")
+    loaded = harness.load_run(tmp_path)
+    tr = loaded.config.trainer
+    sets = make_eval_sets(loaded.task_module, loaded.task_config, tr, loaded.config.seed, torch.device("cpu"))
+    again = evaluate(loaded.model, sets, lambda: torch.autocast("cpu", enabled=False))
+    assert again["accuracy"] == res["summary"]["accuracy"] and again["loss"] == pytest.approx(res["summary"]["loss"], rel=1e-6)
+    assert loaded.results["config_hash"] == res["config_hash"]
 
+
+@pytest.mark.parametrize("examples,measured", [(40, 40), (100, 64)])
+def test_measure_examples_is_the_count_measured(tmp_path, examples, measured):
+    """trainer.measure_examples sets how many examples the end-of-run measurements use (at most
+    the evaluation set's trainer.eval_examples)."""
+    res = run(tmp_path, "model=elu", "trainer.eval_examples=64", f"trainer.measure_examples={examples}")
+    assert res["summary"]["measure_examples"] == measured
 
 def test_on_step_is_called_once_per_step_in_order(tmp_path):
     from harness.train.loop import train

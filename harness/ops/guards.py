@@ -1,6 +1,6 @@
 """Numerical guards and argument checks shared by every mixer family.
 
-The denominator floor of normalised linear attention is part of the model (SPEC §1): every
+The denominator floor of normalised linear attention is part of the model: every
 form divides through :func:`floor_denominator`, so parallel, recurrent, chunk, step and the
 naive reference treat a vanishing denominator identically. A non-finite denominator means
 the feature map overflowed; dividing by it would hide the problem, so it raises instead.

@@ -1,7 +1,7 @@
 """Slow, obviously-correct references: the oracles every fast form is tested against.
 
 Each one loops over query positions and rescans the keys it may see, computing the weight
-of every key from its definition (SPEC §1); none of them goes through a state. Final states
+of every key from its definition; none of them goes through a state. Final states
 are assembled the same way, as explicit weighted sums over all keys. Batch and heads stay
 vectorised; only time is a Python loop.
 """

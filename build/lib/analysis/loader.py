@@ -1,0 +1,194 @@
+"""Turn run and sweep directories into tidy pandas frames.
+
+Every run writes one ``results.json`` into its Hydra run directory; a multirun sweep is a
+directory of numbered run directories. Any directory is loaded the same way: every
+``results.json`` below it becomes one run. The run's scalar fields become run columns
+
+    run_dir, mode, status, error, task, model, schema, config.*, summary.*, env.*
+
+and every list-valued top-level key of the file is a table ("slices", "heads", "probe",
+"cost", ...) whose rows are joined with the run columns. A table field that shares a name
+with a run column keeps its name; the run's value moves to ``run.<name>`` (the probe
+table's ``model`` is the probed mixer, the run's becomes ``run.model``).
+
+Failed and unfinished runs never stop a load: a run directory without results.json is
+skipped, an unreadable results.json is kept as a failed run, and a run without a table
+simply contributes no rows to it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pandas as pd
+
+RESULTS_FILE = "results.json"
+TABLES = ("slices", "heads", "probe", "cost")
+RUN_COLUMNS = ("run_dir", "mode", "status", "error", "task", "model", "schema")
+# Groups of run columns, in the order they appear after the fixed ones.
+_PREFIXES = ("config.", "summary.", "env.")
+
+
+class NoResultsError(FileNotFoundError):
+    """The path holds no results.json at all (wrong path, or sweeps not run yet)."""
+
+
+def results_root(profile: str = "quick") -> Path:
+    """Root of the sweep results: $HARNESS_RESULTS, else results/<profile>."""
+    return Path(os.environ.get("HARNESS_RESULTS") or Path("results") / profile)
+
+
+def find_results(path: str | os.PathLike) -> list[Path]:
+    """Every results.json under ``path`` (or ``path`` itself), run directories in natural order."""
+    path = Path(path)
+    if not path.exists():
+        raise NoResultsError(f"results path does not exist: {path}")
+    if path.is_file():
+        return [path]
+    # Hidden folders (.hydra, .submitit, .ipynb_checkpoints) never hold a run's results.
+    files = [
+        f for f in path.rglob(RESULTS_FILE)
+        if not any(part.startswith(".") for part in f.relative_to(path).parts[:-1])
+    ]
+    if not files:
+        raise NoResultsError(
+            f"no {RESULTS_FILE} under {path}: expected a run directory or a sweep of run "
+            "directories (python -m harness ... or python -m harness -m +experiment=...)"
+        )
+    return sorted(files, key=lambda f: _natural_key(f.relative_to(path).as_posix()))
+
+
+def load_results(path: str | os.PathLike, table: str | None = None) -> pd.DataFrame:
+    """One row per run (``table=None``), or one row per row of ``table`` joined with its run.
+
+    A table that no run has gives an empty frame that still has the run columns.
+    Raises NoResultsError when ``path`` holds no results.json.
+    """
+    runs, tables = _collect(path)
+    if table is None:
+        return runs
+    return _join_table(runs, tables.get(table, []))
+
+
+def load_all(path: str | os.PathLike) -> pd.DataFrame:
+    """Long frame of every run and every table row, told apart by a ``table`` column.
+
+    ``table == "runs"`` rows are the per-run frame; the other values name the tables.
+    """
+    runs, tables = _collect(path)
+    frames = [runs.assign(table="runs")]
+    frames += [_join_table(runs, rows).assign(table=name) for name, rows in tables.items() if rows]
+    long = pd.concat(frames, ignore_index=True, sort=False)
+    return long[["table"] + [c for c in long.columns if c != "table"]]
+
+
+def read_run(file: str | os.PathLike) -> tuple[dict, dict[str, list[dict]]]:
+    """One results.json as (run record of scalar columns, {table name: rows})."""
+    file = Path(file)
+    try:
+        data = json.loads(file.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"top level is {type(data).__name__}, not an object")
+    except (OSError, ValueError) as err:
+        # A run killed while writing leaves a truncated file: keep it visible as a failure.
+        data = {"status": "failed", "error": f"unreadable {RESULTS_FILE}: {err}"}
+
+    config = data.get("config") or _saved_config(file.parent)
+    record = {
+        "mode": data.get("mode"),
+        # The contract always writes status; a file without it is judged by its error field.
+        "status": data.get("status") or ("failed" if data.get("error") else "ok"),
+        "error": data.get("error"),
+        # Probe and cost runs write task null on purpose; only an absent field falls back.
+        "task": data["task"] if "task" in data else config.get("task.name"),
+        "model": data["model"] if "model" in data else config.get("model.name"),
+        "schema": data.get("schema"),
+    }
+    # Other scalar top-level fields (config_hash, ...) are run columns too.
+    known = {"config", "summary", "env", *record}
+    record.update({k: v for k, v in data.items() if k not in known and not isinstance(v, (list, dict))})
+    record.update(_flatten(config, "config."))
+    record.update(_flatten(data.get("summary") or {}, "summary."))
+    record.update(_flatten(data.get("env") or {}, "env."))
+    tables = {
+        key: [_flatten(row) for row in value if isinstance(row, dict)]
+        for key, value in data.items()
+        if isinstance(value, list)
+    }
+    return record, tables
+
+
+def _collect(path) -> tuple[pd.DataFrame, dict[str, list[tuple[int, dict]]]]:
+    """Read every run under ``path`` once: the runs frame and each table's (run index, row)s."""
+    root = Path(path)
+    records, tables = [], {}
+    for i, file in enumerate(find_results(root)):
+        record, run_tables = read_run(file)
+        records.append({"run_dir": file.parent.as_posix(), **record})
+        for name, rows in run_tables.items():
+            tables.setdefault(name, []).extend((i, row) for row in rows)
+    runs = pd.DataFrame.from_records(records)
+    return runs[_order_run_columns(runs.columns)], tables
+
+
+def _join_table(runs: pd.DataFrame, rows: list[tuple[int, dict]]) -> pd.DataFrame:
+    """Rows of one table, each followed by the columns of the run it came from."""
+    body = pd.DataFrame.from_records([row for _, row in rows])
+    if body.empty:
+        return runs.iloc[0:0].copy()
+    clashes = [c for c in runs.columns if c in body.columns]
+    run_part = runs.rename(columns={c: f"run.{c}" for c in clashes})
+    run_part = run_part.iloc[[i for i, _ in rows]].reset_index(drop=True)
+    fixed = [c for c in run_part.columns if not c.startswith(_PREFIXES)]
+    rest = [c for c in run_part.columns if c.startswith(_PREFIXES)]
+    return pd.concat([run_part[fixed], body, run_part[rest]], axis=1)
+
+
+def _saved_config(run_dir: Path) -> dict:
+    """Fallback when results.json lacks a config: the run's resolved config.yaml, else the
+    one Hydra saved in .hydra/config.yaml (unresolved), flattened to dotted keys."""
+    import yaml  # only needed for this fallback
+
+    for file in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(loaded, dict):
+            return _flatten(loaded)
+    return {}
+
+
+def _flatten(mapping: dict, prefix: str = "") -> dict:
+    """Nested dicts to dotted keys; lists to tuples so that columns stay hashable for groupby."""
+    flat = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = _hashable(value)
+    return flat
+
+
+def _hashable(value):
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
+
+
+def _order_run_columns(columns) -> list[str]:
+    fixed = [c for c in RUN_COLUMNS if c in columns]
+    grouped = [sorted(c for c in columns if c.startswith(p)) for p in _PREFIXES]
+    seen = set(fixed).union(*grouped)
+    other = [c for c in columns if c not in seen]
+    return fixed + other + [c for group in grouped for c in group]
+
+
+def _natural_key(text: str):
+    """Sort "2" before "10" so that sweep members come in job order."""
+    return [(0, int(tok), "") if tok.isdigit() else (1, 0, tok) for tok in re.split(r"(\d+)", text)]

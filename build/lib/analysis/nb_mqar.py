@@ -1,0 +1,44 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # MQAR: recall against model width
+#
+# Multi-query associative recall (the Zoology layout) at several sequence lengths and numbers
+# of pairs. Each point is the best accuracy over the learning rates swept (mean over seeds
+# first), as in Zoology's figures: a mixer is judged at its own best setting.
+#
+# Results come from `$HARNESS_RESULTS/mqar` (default `results/quick/mqar`), the sweep
+# `python -m harness -m +experiment=mqar`.
+
+# %%
+# %matplotlib inline
+from analysis.loader import load_all, results_root
+from analysis.plots.mqar import WIDTH, best_over_lr, mqar_figure, mqar_points
+
+results = load_all(results_root() / "mqar")
+results.groupby("table").size()
+
+# %% [markdown]
+# Best accuracy per mixer and width (columns: sequence length, pairs), and the learning rate
+# that gave it.
+
+# %%
+best = best_over_lr(mqar_points(results))
+best.pivot_table(index=["model", WIDTH], columns=["seq_len", "pairs"], values="accuracy").round(3)
+
+# %%
+best.pivot_table(index=["model", WIDTH], columns=["seq_len", "pairs"], values="best_lr")
+
+# %%
+mqar_figure(results)

@@ -1,0 +1,43 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Sharpness: how much weight lands on the right key
+#
+# Softmax can put almost all its weight on one key; a bounded positive feature map smears
+# it over the prefix. From the effective weights a_ij of each mixer the run measures, per
+# layer and head: entropy (and entropy over log of the prefix length), effective support,
+# maximum weight, and the weight on the correct key with its rank.
+#
+# Results come from `$HARNESS_RESULTS/sharpness` (default `results/quick/sharpness`), the
+# sweep `python -m harness -m +experiment=sharpness`.
+
+# %%
+# %matplotlib inline
+from analysis.loader import load_all, results_root
+from analysis.plots.sharpness import sharpness_figure, sharpness_rows
+
+results = load_all(results_root() / "sharpness")
+results.groupby("table").size()
+
+# %% [markdown]
+# Mean of each measurement per mixer, over layers, heads and slices.
+
+# %%
+rows = sharpness_rows(results)
+metrics = ["entropy", "norm_entropy", "eff_support", "max_weight", "target_weight", "target_rank",
+           "monotonicity"]
+rows.groupby("model")[[m for m in metrics if m in rows.columns]].mean().round(3)
+
+# %%
+sharpness_figure(results)

@@ -1,0 +1,48 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # SNR: measured against predicted
+#
+# The crosstalk law predicts SNR = sqrt(d/N) for the read vector of a d-dimensional state
+# holding N pairs. The untrained probe measures it with random keys (its own setting);
+# trained runs measure it per head by splitting each read-out into the target's term and
+# the rest. On log-log axes the law is the diagonal: a fitted slope of 1 and prefactor 1.
+#
+# Results come from `$HARNESS_RESULTS/snr` (default `results/quick/snr`), the sweep
+# `python -m harness -m +experiment=snr`.
+
+# %%
+# %matplotlib inline
+from analysis.loader import load_all, results_root
+from analysis.plots.snr import fit_slopes, snr_figure, snr_points
+
+results = load_all(results_root() / "snr")
+results.groupby("table").size()
+
+# %% [markdown]
+# The probe table: one row per (mixer, d, N).
+
+# %%
+probe = results[results["table"] == "probe"]
+probe.filter(items=["model", "d", "n", "snr_measured", "snr_predicted", "acc_measured", "acc_predicted"])
+
+# %% [markdown]
+# Fitted slope and prefactor of log measured on log predicted, per source and mixer.
+
+# %%
+points = snr_points(results)
+fit_slopes(points).round(3)
+
+# %%
+snr_figure(results)

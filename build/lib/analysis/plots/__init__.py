@@ -1,0 +1,1 @@
+"""One module per figure family; each figure function takes results and returns a Figure."""

@@ -1,0 +1,189 @@
+"""What every figure function shares: picking a table out of the results, skipping a figure
+whose data is absent (a printed warning, never an exception), and one look for all figures.
+
+Figures are built on ``matplotlib.figure.Figure`` directly, never through pyplot, so they
+draw the same under Agg, in a notebook, or in a test, and nothing holds them open.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullLocator
+
+from analysis.loader import NoResultsError, load_all
+
+# Fixed colours per mixer, so that a mixer looks the same in every figure.
+MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
+_COLORS = sns.color_palette("colorblind", 10)
+
+
+class MissingData(Exception):
+    """A figure's data is absent: the figure is skipped rather than drawn half empty."""
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def figure(name: str):
+    """Decorate a figure function: results paths are loaded, missing data skips with a warning.
+
+    The decorated function takes a long frame (``load_all``), one table's frame, or a results
+    path as its first argument and returns a Figure, or None when its data is absent.
+    """
+
+    def decorate(draw):
+        @functools.wraps(draw)
+        def wrapper(*args, **kwargs):
+            try:
+                if args and isinstance(args[0], (str, os.PathLike)):
+                    args = (_load(args[0]),) + args[1:]
+                if args and isinstance(args[0], pd.DataFrame):
+                    _report_failed(name, args[0])
+                with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+                    return draw(*args, **kwargs)
+            except MissingData as err:
+                warn(f"figure {name} skipped: {err}")
+                return None
+
+        return wrapper
+
+    return decorate
+
+
+def table(data: pd.DataFrame | None, name: str, *, primary: bool = False) -> pd.DataFrame:
+    """Rows of table ``name`` from finished runs.
+
+    ``data`` is a long frame with a ``table`` column (``load_all``); a frame without that
+    column is taken to be the figure's ``primary`` table itself and holds no other table.
+    """
+    if data is None:
+        raise MissingData("no results")
+    if "table" in data.columns:
+        rows = data[data["table"] == name].drop(columns="table").dropna(axis=1, how="all")
+    elif primary:
+        rows = data
+    else:
+        return pd.DataFrame()
+    if "status" in rows.columns:
+        rows = rows[rows["status"] == "ok"]
+    return rows.reset_index(drop=True)
+
+
+def require(frame: pd.DataFrame, columns: list[str], what: str) -> pd.DataFrame:
+    """The rows of ``frame`` that have every column in ``columns``; MissingData if none."""
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise MissingData(f"no {what} (missing column(s): {', '.join(missing)})")
+    rows = frame.dropna(subset=columns)
+    if rows.empty:
+        raise MissingData(f"no {what}")
+    return rows.reset_index(drop=True)
+
+
+def retrieval_heads(rows: pd.DataFrame) -> pd.DataFrame:
+    """Heads-table rows of each run's retrieval head (summary.retrieval_layer / _head), the
+    head whose sharpness and SNR the run reports; every row of a run that names none.
+    Averaging every head would mix in heads that do other work (previous-token heads)."""
+    layer, head = "summary.retrieval_layer", "summary.retrieval_head"
+    if not {"layer", "head", layer, head} <= set(rows.columns):
+        return rows
+    chosen = (rows["layer"] == rows[layer]) & (rows["head"] == rows[head])
+    unnamed = rows[layer].isna() | rows[head].isna()
+    return rows[chosen | unnamed]
+
+
+def mixer_order(names) -> list[str]:
+    """Mixers in the project's reading order (softmax first), unknown names after, sorted."""
+    names = set(pd.Series(list(names)).dropna().astype(str))
+    known = [m for m in MIXER_ORDER if m in names]
+    return known + sorted(names - set(known))
+
+
+def palette(names) -> dict[str, tuple]:
+    """Colour per name: known mixers keep their colour everywhere; others take the rest in turn."""
+    spare = iter(_COLORS[len(MIXER_ORDER):] + _COLORS[: len(MIXER_ORDER)])
+    return {n: _COLORS[MIXER_ORDER.index(n)] if n in MIXER_ORDER else next(spare)
+            for n in mixer_order(names)}
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(4.2, 3.2), legend: float = 0.0,
+               **subplot_kw):
+    """A pyplot-free Figure of ``nrows`` x ``ncols`` panels (inches each) plus ``legend``
+    inches on the right for a figure legend; its axes as a flat list."""
+    fig = Figure(figsize=(panel[0] * ncols + legend, panel[1] * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
+    return fig, list(axes.flat)
+
+
+def log2_axis(ax, values) -> None:
+    """Log-2 x axis with the data's own values as plain tick labels (16, 32, 64; not 2^4)."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted({float(v) for v in values if v > 0})
+    if 1 < len(ticks) <= 12:
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())
+
+
+def note(ax, text: str, loc: str = "lower left") -> None:
+    """A small grey remark inside the axes (why a curve is missing, where theory came from)."""
+    y, x = loc.split()
+    ax.text(0.02 if x == "left" else 0.98, 0.03 if y == "lower" else 0.97, text,
+            transform=ax.transAxes, ha=x, va="bottom" if y == "lower" else "top",
+            fontsize="x-small", color="0.35", wrap=True,
+            bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+
+
+def legend_outside(fig: Figure, ax=None, extra_handles=(), extra_labels=()) -> None:
+    """One legend right of the figure, from ``ax``'s entries plus extra ones; it replaces
+    the per-axes legends seaborn draws."""
+    handles, labels = ax.get_legend_handles_labels() if ax is not None else ([], [])
+    for each in fig.axes:
+        if each.get_legend() is not None:
+            each.get_legend().remove()
+    fig.legend(list(handles) + list(extra_handles), list(labels) + list(extra_labels),
+               loc="outside right upper", fontsize="small", frameon=False)
+
+
+def mixer_handles(colors: dict, marker: str = "o") -> list[Line2D]:
+    """Legend entries for every mixer in ``colors``, whether or not a given panel shows it."""
+    return [Line2D([], [], color=c, marker=marker) for c in colors.values()]
+
+
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of log y on log x (positive finite points); NaN with < 2 distinct x."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+    if np.unique(x[keep]).size < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(x[keep]), np.log(y[keep]), 1)[0])
+
+
+def _load(path) -> pd.DataFrame:
+    try:
+        return load_all(path)
+    except NoResultsError as err:
+        raise MissingData(str(err)) from None
+
+
+def _report_failed(name: str, data: pd.DataFrame) -> None:
+    """Say which runs a figure leaves out because they failed, so a missing mixer is explained."""
+    if "status" not in data.columns:
+        return
+    if "table" in data.columns:
+        runs = data[data["table"] == "runs"]
+    elif "run_dir" in data.columns:
+        runs = data.drop_duplicates("run_dir")
+    else:
+        runs = data
+    failed = runs[runs["status"] != "ok"]
+    for _, run in failed.iterrows():
+        print(f"note: figure {name} leaves out failed run {run.get('run_dir', '?')} "
+              f"({run.get('model', '?')}): {run.get('error', '')}", file=sys.stderr)

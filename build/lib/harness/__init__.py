@@ -1,0 +1,14 @@
+"""recall-harness: a mechanistic evaluation harness for long-context recall.
+
+`python -m harness task=<t> model=<m> [overrides]` trains and measures one model; in Python,
+`harness.ops` holds the mixer cores, `harness.features` the feature maps, `harness.hooks`
+the hook points, and `harness.load_run(run_dir)` reopens a finished run.
+"""
+from __future__ import annotations
+
+
+def load_run(run_dir, *, device="cpu"):
+    """A finished run's model (trained weights), config and results: harness.outputs.load.Run."""
+    from harness.outputs.load import load_run as load
+
+    return load(run_dir, device=device)

@@ -1,0 +1,113 @@
+"""`python -m harness.bench [--quick] [--device cpu|cuda] [--json PATH] [...]`: run the benchmark.
+
+On Linux the process first makes glibc keep freed memory for reuse (MALLOC_MMAP_THRESHOLD_,
+MALLOC_TRIM_THRESHOLD_): otherwise every large tensor is a fresh mmap whose pages fault in
+one by one on first touch, which costs as much as the arithmetic in the long-sequence calls
+(see docs/benchmarks.md). These variables are only read at process start, so the process
+re-executes itself once with them set; --system-malloc keeps the environment as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**34), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
+
+
+def _reexec_with_allocator_env() -> None:
+    if sys.platform != "linux" or "--system-malloc" in sys.argv or all(k in os.environ for k in _ALLOCATOR_ENV):
+        return
+    env = {**os.environ, **_ALLOCATOR_ENV}
+    os.execve(sys.executable, [sys.executable, "-m", "harness.bench", *sys.argv[1:]], env)
+
+
+if __name__ == "__main__":
+    _reexec_with_allocator_env()
+
+import argparse  # noqa: E402
+from dataclasses import fields  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _strs(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes: a check that finishes in about a minute")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--json", type=Path, default=None, help="write the full result here")
+    p.add_argument("--seq-lens", type=_ints, help="comma-separated lengths (default: 256..16384 on CPU, "
+                                                   "256..65536 on CUDA)")
+    p.add_argument("--families", type=_strs, help="softmax,linear,decay_scalar,decay_per_dim")
+    p.add_argument("--forms", type=_strs, help="parallel,chunk,recurrent")
+    p.add_argument("--passes", type=_strs, help="fwd,fwdbwd")
+    p.add_argument("--chunk-sizes", type=_ints, help="chunk lengths to measure (default: each family's)")
+    p.add_argument("--batch", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--head-dim", type=int)
+    p.add_argument("--repeats", type=int, help="timed rounds per call (medians are reported)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--recurrent-max-len", type=int)
+    p.add_argument("--max-call-s", type=float, help="skip calls predicted to take longer")
+    p.add_argument("--limit-seq-len", type=int, help="length at which limit ratios are summarised")
+    p.add_argument("--time-budget-s", type=float, help="skip the lengths and phases not started within this many "
+                                                       "seconds (the JSON is still written)")
+    p.add_argument("--decode-contexts", type=_ints)
+    p.add_argument("--decode-repeats", type=int)
+    p.add_argument("--loop-steps", type=int)
+    p.add_argument("--loop-rounds", type=int)
+    p.add_argument("--loop-override", action="append", dest="loop_overrides", default=None,
+                   help="Hydra override for the training loop measured (repeatable), e.g. model=mamba")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast around every call")
+    p.add_argument("--compile", action="store_true", help="torch.compile every form")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--no-decode", action="store_true")
+    p.add_argument("--no-loop", action="store_true")
+    p.add_argument("--system-malloc", action="store_true", help="keep the allocator environment as it is")
+    return p.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace):
+    from harness.bench.run import GPU_SEQ_LENS, BenchConfig, quick_config
+
+    cfg = quick_config(args.device) if args.quick else BenchConfig(device=args.device)
+    if not args.quick and args.device.startswith("cuda"):
+        cfg.seq_lens = list(GPU_SEQ_LENS)
+        cfg.decode_contexts = [256, 16384, 65536]
+        cfg.recurrent_max_len = 4096
+        cfg.batch = 8
+    names = {f.name for f in fields(cfg)}
+    for name, value in vars(args).items():
+        if name in names and value is not None and value is not False:
+            setattr(cfg, name, value)
+    cfg.bf16, cfg.compile = args.bf16, args.compile
+    cfg.memory, cfg.decode, cfg.loop = not args.no_memory, not args.no_decode, not args.no_loop
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    from harness.bench.report import format_summary, format_tables
+    from harness.bench.run import run_benchmark
+    from harness.outputs.results import write_json
+
+    cfg = config_from_args(args)
+    result = run_benchmark(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(format_tables(result["rows"], result["summary"]["gemm_flops_per_s"]))
+    print()
+    print(format_summary(result["summary"]))
+    if args.json is not None:
+        write_json(args.json, result)
+        print(f"\n[bench] wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Loop efficiency: training steps per second of the real loop over those of a bare loop.
+
+The real loop is harness.train.loop.train itself, run on a composed configuration (the default
+recall configuration unless told otherwise) with its progress bar, logging and metrics in
+place; only the evaluation is moved to the end (trainer.eval_every = max_steps) and the
+end-of-run measurements and checkpoint are off, as they are not training steps. Its steps
+are timed from inside: train() calls its on_step callback at the end of each step, which
+records the time. On CUDA a recorded time is only
+trusted right after the loop's own host sync (every trainer.log_every steps), so the window
+runs from one logging step to a later one.
+
+The bare loop runs the same model configuration, optimizer (build_optimizer), precision,
+gradient clipping and batch size with no data generation, metrics or logging: zero_grad,
+forward, loss, backward, clip, step on one fixed batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.bench.timing import median, sync
+
+
+def loop_config(overrides: list[str], steps: int, device: str, out_dir: Path):
+    from harness.config.compose import compose_config
+
+    fixed = ["logger=none", "trainer.progress=false", "trainer.measure=false", "trainer.checkpoint=false",
+             f"trainer.max_steps={steps}", f"trainer.eval_every={steps}", "trainer.target_accuracy=null",
+             f"trainer.device={device}", f"out_dir={out_dir}"]
+    return compose_config([*overrides, *fixed])
+
+
+def _window(stamps: list[float], log_every: int, data_chunk: int, device: torch.device, skip: int) -> tuple[int, float]:
+    """(steps, seconds) between two trusted step ends, skipping the first `skip` steps."""
+    n = len(stamps)
+    if device.type == "cuda":  # trusted only right after the loop's sync at a logging step
+        ends = [s for s in range(log_every, n + 1, log_every) if s > skip]
+    else:  # every stamp is exact; keep whole data chunks so that generation is counted fairly
+        ends = [s for s in range(skip + data_chunk, n + 1, data_chunk)]
+        ends = [skip] + ends if skip > 0 else ends
+    if len(ends) < 2:
+        raise ValueError(f"loop too short to time: {n} steps (log_every={log_every}, data_chunk={data_chunk})")
+    first, last = ends[0], ends[-1]
+    return last - first, stamps[last - 1] - stamps[first - 1]
+
+
+def time_train_loop(cfg) -> float:
+    """Steps per second of harness.train.loop.train on cfg (its step loop only)."""
+    from harness.devices import select_device
+    from harness.train.loop import train
+
+    device = select_device(cfg.trainer.device)
+    stamps: list[float] = []
+    with contextlib.redirect_stdout(io.StringIO()):  # train() reports its run
+        train(cfg, Path(cfg.out_dir), on_step=lambda step: stamps.append(time.perf_counter()))
+    tr = cfg.trainer
+    skip = max(tr.data_chunk, min(tr.log_every, tr.max_steps // 4))  # first steps allocate and warm up
+    steps, seconds = _window(stamps, tr.log_every, tr.data_chunk, device, skip)
+    return steps / seconds
+
+
+def time_bare_loop(cfg, steps: int, warmup: int = 3) -> float:
+    """Steps per second of forward + backward + optimizer alone on cfg's model and batch size."""
+    from harness.config.build import build_model, task_config
+    from harness.devices import select_device
+    from harness.train.loop import autocast_factory, build_optimizer, lm_loss
+
+    tr = cfg.trainer
+    device = select_device(tr.device)
+    module, tcfg = task_config(cfg.task)
+    batch = module.make_batch(tcfg, tr.batch_size, seed=0, device=device, split="train")
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg).to(device)
+    step_model = torch.compile(model) if tr.compile else model
+    opt = build_optimizer(model, tr)
+    autocast = autocast_factory(device, tr.precision)
+
+    def step() -> None:
+        with autocast():
+            loss = lm_loss(step_model(batch.inputs), batch.targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if tr.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tr.grad_clip)
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return steps / (time.perf_counter() - start)
+
+
+def loop_efficiency(overrides: list[str] | None = None, *, steps: int = 200, rounds: int = 3,
+                    device: str = "cpu") -> dict[str, Any]:
+    """Real-loop steps/s over bare steps/s, medians of `rounds` alternating runs of each."""
+    overrides = list(overrides or [])
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    loop_rates, bare_rates = [], []
+    try:
+        with tempfile.TemporaryDirectory(prefix="harness-bench-loop-") as tmp:
+            cfg = loop_config(overrides, steps, device, Path(tmp))
+            for _ in range(rounds):
+                loop_rates.append(time_train_loop(cfg))  # train() sets its own determinism flags,
+                bare_rates.append(time_bare_loop(cfg, steps))  # which the bare loop then shares
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    loop, bare = median(loop_rates), median(bare_rates)
+    return {"efficiency": loop / bare, "loop_steps_per_s": loop, "bare_steps_per_s": bare,
+            "loop_samples": loop_rates, "bare_samples": bare_rates, "steps": steps, "rounds": rounds,
+            "overrides": overrides,
+            "model": cfg.model.name, "task": cfg.task.name, "batch_size": cfg.trainer.batch_size}

@@ -1,0 +1,119 @@
+"""Structured configuration: one dataclass per swappable part, registered with Hydra.
+
+Every group in `conf/` has a schema here, so an unknown key, a wrong type or an unknown
+choice fails at composition time, before any training starts. The YAML files in `conf/`
+hold only values; the schemas hold the names and the types.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from harness.model import ModelConfig
+from harness.tasks import TASKS, get_task
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1500
+    lr: float = 3e-3
+    batch_size: int = 64
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1          # cosine decays to lr * min_lr_ratio
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_examples: int = 256           # held-out examples per evaluation setting
+    target_accuracy: Optional[float] = 0.99   # early stop once every setting reaches it
+    device: str = "auto"               # auto | cpu | cuda | cuda:N
+    threads: Optional[int] = None      # CPU threads of this run; None: torch's default (all cores)
+    precision: str = "fp32"            # fp32 | bf16 (autocast on CUDA/CPU)
+    compile: bool = False              # torch.compile the model
+    data_chunk: int = 16               # training batches generated per vectorised call
+    log_every: int = 25                # progress-bar refresh (the only host sync in the loop)
+    progress: bool = True
+    checkpoint: bool = True            # keep the final weights as model.pt
+    ckpt_every: Optional[int] = 500    # resumable checkpoint every this many steps (None: never)
+    resume: Optional[str] = None       # a run directory to continue from its last checkpoint
+    measure: bool = True               # mechanistic measurements at the end of training
+    measure_examples: int = 64
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"                # wandb | none
+    project: str = "recall-harness"
+    entity: Optional[str] = None
+    mode: str = "offline"              # offline (no network) | online | disabled
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProbeConfig:
+    d: list[int] = field(default_factory=lambda: [32, 64, 128])
+    n: Optional[list[int]] = None      # None: powers of two from d/2 to 64d (at most 16,384)
+    candidates: int = 1024
+    max_queries: int = 1024            # softmax only: its read-out is O(N^2) per query set
+    seed: int = 0
+
+
+@dataclass
+class CostConfig:
+    seq_lens: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
+    forms: list[str] = field(default_factory=lambda: ["parallel", "chunk", "recurrent"])
+    batch_size: int = 2
+    n_heads: int = 4
+    head_dim: int = 64
+    repeats: int = 3
+    recurrent_max_len: int = 1024      # the token loop is slow on CPU; skip it beyond this
+
+
+@dataclass
+class SweepConfig:
+    skip_completed: bool = True        # a rerun skips runs whose results.json matches the config
+    fail_on_error: bool = False        # in a sweep, record a failure and go on (summary at the end)
+
+
+@dataclass
+class Config:
+    mode: str = "train"                # train | probe | cost
+    seed: int = 0
+    task: Any = MISSING
+    model: ModelConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    out_dir: Optional[str] = None      # None = the Hydra run directory
+
+
+MODES = ("train", "probe", "cost")
+
+
+def task_schema(name: str) -> type:
+    """The task's own Config dataclass with a `name` field added (the group choice)."""
+    base = get_task(name).Config
+    return dataclasses.make_dataclass(
+        f"{base.__name__}Schema", [("name", str, field(default=name))], bases=(base,)
+    )
+
+
+def register_task(name: str) -> None:
+    """Make an outside task module a choice of the task group: `task=package.module`."""
+    ConfigStore.instance().store(group="task", name=name, node=task_schema(name))
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for name in TASKS:
+        cs.store(group="task", name=f"{name}_schema", node=task_schema(name))
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -1,0 +1,172 @@
+"""Semantic checks on a composed config: the errors Hydra's types cannot express.
+
+Every key a user can set is checked here (or, for `model.*` and `task.*`, by the model's and
+the task's own validate) before any data is generated or model built. Each check raises
+ValueError with one readable line naming the key, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import checks
+from harness.config.schema import (MODES, Config, CostConfig, LoggerConfig, ProbeConfig, SweepConfig,
+                            TrainerConfig, task_schema)
+from harness.config.build import model_config, task_config
+from harness.layers.registry import check_mixer, resolve
+from harness.ops.cores import CORE_FORMS
+from harness.model import ModelConfig
+from harness.model import validate as validate_model
+
+PRECISIONS = ("fp32", "bf16")
+LOGGERS = ("wandb", "none")
+WANDB_MODES = ("offline", "online", "disabled")
+COST_FORMS = ("parallel", "chunk", "recurrent")
+# wandb refuses these characters in a project name, and longer names or tags, but only at init.
+WANDB_FORBIDDEN = "/\\#?%:"
+WANDB_NAME_LEN, WANDB_TAG_LEN = 128, 64
+SEED_MAX = 2**63 - 1  # torch.manual_seed and the task streams take a signed 64-bit seed
+
+
+def _fields(schema: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(schema)}
+
+
+def _check_keys(c: dict) -> None:
+    """Exactly the schemas' keys, and every group chosen."""
+    checks.schema_keys("", c, _fields(Config))
+    task = c["task"]
+    task_fields = _fields(task_schema(task["name"])) if isinstance(task, dict) else set()
+    schemas = {"task": task_fields, "model": _fields(ModelConfig), "trainer": _fields(TrainerConfig),
+               "logger": _fields(LoggerConfig), "probe": _fields(ProbeConfig),
+               "cost": _fields(CostConfig), "sweep": _fields(SweepConfig)}
+    for section, fields in schemas.items():
+        checks.schema_keys(f"{section}.", c[section], fields)
+
+
+def _check_trainer(tr: dict) -> None:
+    for key in ("max_steps", "batch_size", "eval_every", "eval_examples", "data_chunk",
+                "log_every", "measure_examples"):
+        checks.integer(f"trainer.{key}", tr[key])
+    checks.integer("trainer.warmup_steps", tr["warmup_steps"], minimum=0)
+    checks.integer("trainer.threads", tr["threads"], nullable=True)
+    checks.integer("trainer.ckpt_every", tr["ckpt_every"], nullable=True)
+    checks.number("trainer.lr", tr["lr"], "(0, inf)")
+    checks.number("trainer.weight_decay", tr["weight_decay"], "[0, inf)")
+    checks.number("trainer.min_lr_ratio", tr["min_lr_ratio"], "[0, 1]")
+    checks.number("trainer.grad_clip", tr["grad_clip"], "[0, inf)")  # 0 turns clipping off
+    checks.number("trainer.target_accuracy", tr["target_accuracy"], "(0, 1]", nullable=True)
+    for key in ("compile", "progress", "checkpoint", "measure"):
+        checks.boolean(f"trainer.{key}", tr[key])
+    checks.choice("trainer.precision", tr["precision"], PRECISIONS)
+    _check_device(tr["device"])
+    # trainer.resume is not checked here: only reading its run directory tells if it resumes.
+
+
+def _check_device(spec: object) -> None:
+    """The spelling, and that a CUDA device asked for is there (harness.devices.select_device)."""
+    from harness.devices import select_device
+
+    if not (isinstance(spec, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", spec)):
+        checks.fail("trainer.device", "auto, cpu, cuda or cuda:N", spec)
+    select_device(spec)
+
+
+def _check_logger(lg: dict) -> None:
+    checks.choice("logger.name", lg["name"], LOGGERS)
+    checks.choice("logger.mode", lg["mode"], WANDB_MODES)
+    checks.text("logger.project", lg["project"], max_len=WANDB_NAME_LEN, forbidden=WANDB_FORBIDDEN)
+    checks.text("logger.entity", lg["entity"], nullable=True)
+    checks.text("logger.group", lg["group"], max_len=WANDB_NAME_LEN, nullable=True)
+    if not isinstance(lg["tags"], list):
+        checks.fail("logger.tags", "a list of strings", lg["tags"])
+    for tag in lg["tags"]:
+        checks.text("logger.tags entry", tag, max_len=WANDB_TAG_LEN)
+
+
+def _check_probe(pr: dict) -> None:
+    # The probe's read-out needs two sizes and two candidates to compare (harness.measure.probe.probe_row).
+    checks.int_list("probe.d", pr["d"], minimum=2)
+    checks.int_list("probe.n", pr["n"], minimum=2, nullable=True)
+    checks.integer("probe.candidates", pr["candidates"], minimum=2)
+    checks.integer("probe.max_queries", pr["max_queries"])
+    checks.integer("probe.seed", pr["seed"], minimum=0, maximum=SEED_MAX)
+
+
+def _check_cost(co: dict) -> None:
+    checks.int_list("cost.seq_lens", co["seq_lens"])
+    checks.choice_list("cost.forms", co["forms"], COST_FORMS)
+    for key in ("batch_size", "n_heads", "head_dim", "repeats", "recurrent_max_len"):
+        checks.integer(f"cost.{key}", co[key])
+
+
+def mixer_core(cfg: DictConfig) -> tuple[str, int]:
+    """(harness.ops core, key dimension) of cfg's mixer at the cost geometry (cost.n_heads heads
+    of cost.head_dim; model.qk_dim kept), read off a mixer built for it; ValueError if it
+    declares no core."""
+    from dataclasses import replace
+
+    from harness.layers import build
+
+    mcfg = replace(model_config(cfg.model), d_model=cfg.cost.n_heads * cfg.cost.head_dim,
+                   n_heads=cfg.cost.n_heads)
+    mixer = build(mcfg, 0)
+    core, d_key = getattr(mixer, "core", None), getattr(mixer, "d_key", None)
+    checks.require(core in CORE_FORMS and d_key is not None,
+                   f"mode=cost: model.name={cfg.model.name} declares no core of harness.ops "
+                   f"({', '.join(CORE_FORMS)}) and key dimension (core, d_key); mode=cost times those")
+    return core, int(d_key)
+
+
+def _check_cost_family(cfg: DictConfig) -> None:
+    """mode=cost times only the forms the model's family has (softmax has no chunk form)."""
+
+    family, _ = mixer_core(cfg)
+    forms = list(cfg.cost.forms)
+    checks.require(any(f in CORE_FORMS[family] for f in forms),
+                   f"cost.forms={forms} has no form of model={cfg.model.name} "
+                   f"(the {family} family has {', '.join(CORE_FORMS[family])})")
+
+
+_VALIDATED: set[str] = set()  # configs this process has validated already (by content)
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Every check of every key; a config validated before in this process (the CLI's pre-check,
+    then the job) is not checked again."""
+    c = OmegaConf.to_container(cfg, resolve=True)  # plain values: lists, not ListConfigs
+    c.pop("hydra", None)
+    key = json.dumps(c, sort_keys=True, default=str)
+    if key in _VALIDATED:
+        return
+    _validate(c, cfg)
+    _VALIDATED.add(key)
+
+
+def _validate(c: dict, cfg: DictConfig) -> None:
+    _check_keys(c)
+    checks.choice("mode", c["mode"], MODES)
+    checks.integer("seed", c["seed"], minimum=0, maximum=SEED_MAX)
+    _check_trainer(c["trainer"])
+    _check_logger(c["logger"])
+    _check_probe(c["probe"])
+    _check_cost(c["cost"])
+    for key in ("skip_completed", "fail_on_error"):
+        checks.boolean(f"sweep.{key}", c["sweep"][key])
+
+    mcfg = model_config(cfg.model)
+    validate_model(mcfg)
+    check_mixer(mcfg)
+    module, tcfg = task_config(cfg.task)
+    module.validate(tcfg)
+    for setting in module.eval_settings(tcfg):
+        module.validate(setting)
+    if c["mode"] == "cost":
+        _check_cost_family(cfg)
+    if c["mode"] == "probe":
+        checks.require(getattr(resolve(mcfg.name), "probe_memory", None) is not None,
+                       f"probe: model {mcfg.name!r} declares no probe_memory(d, seed) "
+                       "(harness.layers.protocol), so the probe cannot write random pairs into it")

@@ -1,0 +1,164 @@
+"""Feature maps phi: (..., d) -> (..., m) for kernel (linear) attention.
+
+Every map acts on each position on its own (nothing is computed across positions, so a
+causal mixer stays causal), and every map takes ``is_query`` so that callers can treat
+them alike; only FAVOR+ uses it.
+
+- ``identity``: phi(x) = x (exact, hand-checkable; not non-negative).
+- ``elu1``: phi(x) = elu(x) + 1 > 0 (Katharopoulos et al. 2020; rounds to 0 for x below
+  about -37 in float64, -17 in float32), m = d.
+- ``taylor2``: [1, x, vec(x x^T)/sqrt(2)], so phi(q).phi(k) = 1 + q.k + (q.k)^2/2, the
+  second-order Taylor expansion of exp(q.k) (Based); always > 0, m = 1 + d + d^2.
+- :class:`Favor`: FAVOR+ positive orthogonal random features (Performer), unbiased for
+  exp(q.k).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+NAMES = ("identity", "elu1", "favor", "taylor")
+
+
+def identity(x: torch.Tensor, *, is_query: bool = False) -> torch.Tensor:
+    return x
+
+
+def elu1(x: torch.Tensor, *, is_query: bool = False) -> torch.Tensor:
+    return F.elu(x) + 1.0
+
+
+def taylor2(x: torch.Tensor, *, is_query: bool = False) -> torch.Tensor:
+    """(..., d) -> (..., 1 + d + d^2): [1, x, vec(x x^T)/sqrt(2)]."""
+    outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) / math.sqrt(2.0)  # (..., d^2)
+    return torch.cat([torch.ones_like(x[..., :1]), x, outer], dim=-1)
+
+
+def default_favor_features(d: int) -> int:
+    """m about d ln d (Performer's recommendation), and at least d."""
+    return max(d, round(d * math.log(d))) if d > 1 else 1
+
+
+def draw_favor_weights(d: int, m: int, generator: torch.Generator, *, orthogonal: bool = True,
+                       draws: int | None = None) -> torch.Tensor:
+    """Random projections w_1..w_m (m, d), float64, each marginally N(0, I_d); (draws, m, d) for many.
+
+    orthogonal=True: rows in blocks of d that are exactly orthogonal (Haar-random rotations
+    from QR with the sign fix), each row rescaled by an independent chi(d) norm (the norm
+    of a Gaussian d-vector), so that every row is still marginally Gaussian and the
+    estimator stays unbiased, with lower variance than iid rows.
+    """
+    n = 1 if draws is None else draws
+    if orthogonal:
+        blocks = -(-m // d)
+        g = torch.randn(n * blocks, d, d, generator=generator, dtype=torch.float64)
+        qmat, r = torch.linalg.qr(g)  # one batched factorisation for every block of every draw
+        qmat = qmat * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # Haar measure
+        rows = qmat.transpose(-1, -2).reshape(n, blocks * d, d)[:, :m]  # orthonormal rows per block
+        norms = torch.randn(n, m, d, generator=generator, dtype=torch.float64).norm(dim=-1)  # chi(d)
+        w = rows * norms.unsqueeze(-1)
+    else:
+        w = torch.randn(n, m, d, generator=generator, dtype=torch.float64)
+    return w[0] if draws is None else w
+
+
+def favor_features(x: torch.Tensor, weights: torch.Tensor, *, offset: float = 0.0, is_query: bool = False) -> torch.Tensor:
+    """phi(x) = exp(w.x - |x|^2/2 - offset) / sqrt(m): x (..., d) -> (..., m).
+
+    weights: (m, d), or (draws, m, d) for many independent draws at once (the result then
+    leads with the draws, as matmul broadcasts). is_query subtracts each position's own
+    maximum over the m features (see :class:`Favor`).
+    """
+    m = weights.shape[-2]
+    proj = torch.matmul(x, weights.transpose(-1, -2))  # (..., m)
+    expo = proj - 0.5 * x.pow(2).sum(dim=-1, keepdim=True) - offset
+    if is_query:
+        expo = expo - expo.amax(dim=-1, keepdim=True).detach()  # this position only
+    return torch.exp(expo) / math.sqrt(m)
+
+
+class Favor:
+    """FAVOR+ positive random features: phi(x) = exp(w.x - |x|^2/2 - c) / sqrt(m).
+
+    For w ~ N(0, I): E[exp(w.q - |q|^2/2) exp(w.k - |k|^2/2)] = exp(q.k), so
+    E[phi(q).phi(k)] = exp(q.k - 2c). The stabiliser c is a data-independent constant:
+    ``offset=0.0`` (default) keeps phi unbiased as it stands; ``offset="bound"`` uses
+    c = max_r |w_r|^2/2, the largest value w_r.x - |x|^2/2 can take, so that phi(k) <= 1
+    for every key. c cancels in normalised attention, but it shrinks the denominator by
+    exp(-2c) against the floor eps, so prefer 0 unless overflow is a concern (without c,
+    phi <= exp(max_r |w_r|^2/2)/sqrt(m), finite in float32 while that exponent is < 88).
+
+    ``is_query=True`` also subtracts each query position's own maximum over the m features
+    (it cancels within that query's row of normalised attention); nothing is ever computed
+    across positions, so causality is preserved. Draws are seeded; ``redraw()`` draws new
+    projections from the next seed.
+    """
+
+    def __init__(self, d: int, m: int | None = None, *, seed: int = 0, orthogonal: bool = True,
+                 offset: float | str = 0.0):
+        if d < 1:
+            raise ValueError(f"d must be >= 1, got {d}")
+        self.d = d
+        self.m = default_favor_features(d) if m is None else int(m)
+        if self.m < 1:
+            raise ValueError(f"m must be >= 1, got {m}")
+        if not (offset == "bound" or isinstance(offset, (int, float))):
+            raise ValueError(f"offset must be a number or 'bound', got {offset!r}")
+        self.orthogonal = orthogonal
+        self.offset_rule = offset
+        self.seed = seed
+        self._draw()
+
+    def _draw(self) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        self.weights = draw_favor_weights(self.d, self.m, gen, orthogonal=self.orthogonal)  # (m, d) float64
+        self.bound = float(self.weights.pow(2).sum(dim=1).max()) / 2.0
+        self.offset = self.bound if self.offset_rule == "bound" else float(self.offset_rule)
+        self._cast: dict[tuple, torch.Tensor] = {}
+
+    def redraw(self) -> None:
+        """New random projections from the next seed (seed + 1)."""
+        self.seed += 1
+        self._draw()
+
+    def _weights_like(self, x: torch.Tensor) -> torch.Tensor:
+        key = (x.device, x.dtype)
+        if key not in self._cast:
+            self._cast[key] = self.weights.to(device=x.device, dtype=x.dtype)
+        return self._cast[key]
+
+    def __call__(self, x: torch.Tensor, *, is_query: bool = False) -> torch.Tensor:
+        """(..., d) -> (..., m), all entries > 0 (up to underflow)."""
+        if x.shape[-1] != self.d:
+            raise ValueError(f"Favor expects last dim {self.d}, got {tuple(x.shape)}")
+        return favor_features(x, self._weights_like(x), offset=self.offset, is_query=is_query)
+
+    def __repr__(self) -> str:
+        return f"Favor(d={self.d}, m={self.m}, seed={self.seed}, orthogonal={self.orthogonal}, offset={self.offset_rule!r})"
+
+
+def feature_map(name: str, d: int, *, m: int | None = None, seed: int = 0):
+    """The feature map called ``name`` for inputs of dimension d (a callable, phi(x, is_query=...))."""
+    if name == "identity":
+        return identity
+    if name == "elu1":
+        return elu1
+    if name == "taylor":
+        return taylor2
+    if name == "favor":
+        return Favor(d, m, seed=seed)
+    raise ValueError(f"unknown feature map {name!r}; expected one of {NAMES}")
+
+
+def feature_dim(name: str, d: int, m: int | None = None) -> int:
+    """Output dimension of the feature map ``name`` on inputs of dimension d."""
+    if name in ("identity", "elu1"):
+        return d
+    if name == "taylor":
+        return 1 + d + d * d
+    if name == "favor":
+        return default_favor_features(d) if m is None else int(m)
+    raise ValueError(f"unknown feature map {name!r}; expected one of {NAMES}")

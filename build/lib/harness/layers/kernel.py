@@ -1,0 +1,132 @@
+"""Normalised kernel (linear) attention: linear, elu, favor and taylor.
+
+o_i = phi(q_i)^T S_i / phi(q_i)^T z_i with S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j),
+computed by ops.linear_attention in the configured form (chunk for training; parallel and
+recurrent give the same numbers). One class per feature map (harness.features):
+
+  linear  identity          m = d      (exact, hand-checkable; the denominator can change sign)
+  elu     elu(x) + 1        m = d      (Katharopoulos et al. 2020)
+  favor   FAVOR+            m features (Performer); phi(q).phi(k) estimates exp(q.k / sqrt(d))
+  taylor  [1, x, x(x)x/sqrt2]  m = 1 + d + d^2; phi(q).phi(k) = 1 + s + s^2/2, s = q.k / sqrt(d)
+
+favor and taylor approximate exp, so q and k are scaled by d^-1/4 *before* the feature map:
+their product then carries softmax's 1/sqrt(d) temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from harness import features, ops
+from harness.layers.parts import merge_heads
+from harness.layers.protocol import Mixer, ProbeMemory, select_rows
+from harness.layers.registry import register
+
+FAVOR_SEED_STRIDE = 1_000_000  # layer l draws seeds l * stride, l * stride + 1, ... (one per redraw)
+
+
+class KernelAttention(Mixer):
+    """The shared layer; subclasses name the feature map."""
+
+    family = "linear"
+    core = "linear"
+    feature = kernel = "identity"  # harness.features name; also the kernel theory.kernel_effective_dim knows
+    exp_kernel = False       # the map estimates exp(q.k): inputs scaled by d^-1/4
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.form, self.chunk_size, self.eps = config.form, config.chunk_size, config.eps
+        self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.input_scale = self.d_qk**-0.25 if self.exp_kernel else 1.0
+        self.phi = self.make_feature_map(config, layer_idx)
+        self.d_key = features.feature_dim(self.feature, self.d_qk, m=getattr(self.phi, "m", None))
+
+    def make_feature_map(self, config, layer_idx: int):
+        return features.feature_map(self.feature, self.d_qk)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        q, k, v = self.project_qkv(x)  # (B, H, T, D)
+        if self.rotary is not None:  # before the feature map: keeps phi >= 0 and one denominator
+            q, k = self.rotary(q), self.rotary(k)
+        q, k = self.hook_q_raw(q * self.input_scale), self.hook_k_raw(k * self.input_scale)
+        q = self.hook_q(self.phi(q, is_query=True))  # (B, H, T, m)
+        k = self.hook_k(self.phi(k, is_query=False))
+        v = self.hook_v(v)
+        o = ops.linear_attention(
+            q, k, v, form=self.form, causal=True, normalize=True, eps=self.eps, chunk_size=self.chunk_size
+        )  # (B, H, T, D)
+        o = self.hook_out(o)
+        return self.out_proj(merge_heads(o))
+
+    def state_size(self, sequence_length: int = 2048) -> int:
+        """S (m x d_head) and the normaliser z (m) per head, whatever the length."""
+        return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=True)
+
+    def effective_weights(self, hooks, rows=None) -> torch.Tensor:
+        w = ops.linear_weights(hooks["q"], hooks["k"], causal=True, normalize=True, eps=self.eps)  # (B, H, T, T)
+        return select_rows(w, rows)
+
+    @classmethod
+    def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
+        """Random keys through this feature map; read normalised where phi is positive (the
+        identity map's denominator crosses zero for random keys: it is read as the plain
+        linear memory S^T q that sqrt(d/N) describes)."""
+        phi = features.feature_map(cls.feature, d, seed=seed)
+        scale = d**-0.25 if cls.exp_kernel else 1.0
+        return ProbeMemory(read="state", phi_k=lambda x: phi(x * scale, is_query=False),
+                           phi_q=lambda x: phi(x * scale, is_query=True),
+                           d_key=features.feature_dim(cls.feature, d), normalize=cls.positive_denominator)
+
+
+@register("linear")
+class LinearAttention(KernelAttention):
+    feature = kernel = "identity"
+
+
+@register("elu")
+class EluAttention(KernelAttention):
+    feature = kernel = "elu1"
+    positive_denominator = True
+
+
+@register("taylor")
+class TaylorAttention(KernelAttention):
+    feature = kernel = "taylor"
+    positive_denominator = True
+    exp_kernel = True
+
+
+@register("favor")
+class FavorAttention(KernelAttention):
+    """FAVOR+ features differ between layers and are shared by the heads of one layer, as in the
+    Performer. They are a pure function of their seed, so the seed (which advances on every
+    redraw) is what the state_dict keeps; `model.favor_redraw=step` redraws every step."""
+
+    feature = kernel = "favor"
+    positive_denominator = True
+    exp_kernel = True
+
+    def make_feature_map(self, config, layer_idx: int):
+        seed = FAVOR_SEED_STRIDE * layer_idx
+        self.redraw_each_step = config.favor_redraw == "step"
+        self.register_buffer("favor_seed", torch.tensor(seed, dtype=torch.long))
+        self.register_load_state_dict_post_hook(lambda module, keys: module.sync_favor_seed())
+        return features.feature_map("favor", self.d_qk, m=config.favor_features, seed=seed)
+
+    def sync_favor_seed(self) -> None:
+        """Redraw the FAVOR+ projections for the seed in `favor_seed` (after loading a checkpoint)."""
+        seed = int(self.favor_seed)
+        if self.phi.seed != seed:
+            self.phi.seed = seed - 1
+            self.phi.redraw()
+
+    def redraw_features(self) -> None:
+        """New FAVOR+ projections (the next seed)."""
+        self.phi.redraw()
+        self.favor_seed.fill_(self.phi.seed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.redraw_each_step and self.training:
+            self.redraw_features()  # one forward pass in training mode is one step
+        return super().forward(x)

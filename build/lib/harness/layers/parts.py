@@ -1,0 +1,151 @@
+"""Parts the mixers are built from: norms, rotary embedding, short convolution, MLP, head split."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# --------------------------------------------------------------------------------------------
+# Norms
+
+NORMS = ("layernorm", "rmsnorm")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim)
+    if kind == "rmsnorm":
+        return RMSNorm(dim)
+    raise ValueError(f"unknown norm {kind!r}; valid: {list(NORMS)}")
+
+
+class HeadNorm(nn.Module):
+    """Per-head normalisation of a (B, H, T, D) read-out, then a per-channel gain.
+
+    This is RetNet's group norm (one group per head) with kind="layernorm" and Mamba-2's
+    per-head RMSNorm with kind="rmsnorm". Decay mixers have no denominator, so this norm is
+    what keeps their read-out on a fixed scale.
+    """
+
+    def __init__(self, n_heads: int, d_head: int, kind: str, eps: float = 1e-5) -> None:
+        super().__init__()
+        if kind not in NORMS:
+            raise ValueError(f"unknown norm {kind!r}; valid: {list(NORMS)}")
+        self.kind, self.eps = kind, eps
+        self.weight = nn.Parameter(torch.ones(n_heads, 1, d_head))
+        self.bias = nn.Parameter(torch.zeros(n_heads, 1, d_head)) if kind == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, D)
+        if self.kind == "layernorm":
+            x = x - x.mean(-1, keepdim=True)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return x + self.bias if self.bias is not None else x
+
+
+# --------------------------------------------------------------------------------------------
+# Rotary position embedding (rotate-half layout). Positions are computed per call: the model
+# has no learned absolute positions, and this keeps float64 runs exact.
+
+
+def qk_width(cfg) -> int:
+    """Per-head width of q and k: cfg.qk_dim, else that of v (d_model / n_heads)."""
+    return cfg.qk_dim or cfg.d_model // cfg.n_heads
+
+
+def rotary_enabled(cfg) -> bool:
+    """cfg.rotary; off when None (softmax takes learned absolute positions by default)."""
+    return bool(cfg.rotary)
+
+
+class Rotary(nn.Module):
+    def __init__(self, d_head: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"rotary needs an even head dimension, got {d_head}")
+        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, D)
+        T = x.shape[-2]
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        t = torch.arange(T, device=x.device, dtype=dtype)
+        angles = t[:, None] * self.inv_freq.to(device=x.device, dtype=dtype)[None, :]  # (T, D/2)
+        cos = torch.cat([angles.cos(), angles.cos()], -1).to(x.dtype)  # (T, D)
+        sin = torch.cat([angles.sin(), angles.sin()], -1).to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+# --------------------------------------------------------------------------------------------
+# Short causal depthwise convolution: each channel mixes its last `size` positions. One such
+# layer lets a single attention layer see the previous token, which MQAR needs.
+
+
+class ShortConv(nn.Module):
+    def __init__(self, dim: int, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.conv = nn.Conv1d(dim, dim, size, groups=dim, padding=size - 1, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        # y_t = b + sum_i w_i x_{t-size+1+i}: `size` shifted multiply-adds on the (B, T, C)
+        # layout, as conv1d with left padding computes it, without its two transposes (on a
+        # CPU about half the time of nn.Conv1d's depthwise kernel, forward and backward).
+        T = x.shape[1]
+        padded = F.pad(x, (0, 0, self.size - 1, 0))  # (B, T + size - 1, C)
+        w = self.conv.weight[:, 0, :].t()  # (size, C)
+        y = torch.addcmul(self.conv.bias, padded[:, :T], w[0])
+        for i in range(1, self.size):
+            y = y.addcmul(padded[:, i:i + T], w[i])
+        return y
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The same convolution by nn.Conv1d (the oracle of the tests)."""
+        T = x.shape[1]
+        return self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2)  # left padding only -> causal
+
+
+# --------------------------------------------------------------------------------------------
+# MLP
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, ratio: int, dropout: float) -> None:
+        super().__init__()
+        self.in_proj = nn.Linear(d_model, ratio * d_model)
+        self.out_proj = nn.Linear(ratio * d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.out_proj(F.gelu(self.in_proj(x))))
+
+
+# --------------------------------------------------------------------------------------------
+# Head split / merge shared by every mixer.
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    B, T, C = x.shape
+    return x.view(B, T, n_heads, C // n_heads).transpose(1, 2)  # (B, H, T, D)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    B, H, T, D = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * D)  # (B, T, C)
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """x with softplus(x) = y, stable for small y."""
+    return y + torch.log(-torch.expm1(-y))

@@ -1,0 +1,159 @@
+"""The mixer protocol: what the harness knows about a mixer, read off the mixer itself.
+
+A mixer is any nn.Module whose forward maps (B, T, C) to (B, T, C) (or returns a tuple whose
+first element is that tensor, as fla's layers return (o, attn, cache)). Everything else is
+optional; each member a mixer declares switches on the measurements that need it, and a
+measurement whose member is missing is skipped, with the reason written to results.json
+(`"measure": {"sharpness": "skipped: no effective_weights"}`). Built-in mixers declare all of
+them through :class:`Mixer`; an outside mixer declares what it can.
+
+  member                      type                       buys
+  --------------------------  -------------------------  -----------------------------------
+  family                      str                        theory and probe: "softmax",
+                                                         "linear" (normalised additive state),
+                                                         "decay" (decayed additive state),
+                                                         "delta" (delta-rule state)
+  core                        str                        mode=cost and the bench: the
+                                                         harness.ops core it runs (softmax,
+                                                         linear, decay_scalar, decay_per_dim)
+  d_key, d_head, n_heads      int                        predicted SNR sqrt(d_key / N_eff)
+  kernel                      str                        theory.kernel_effective_dim name
+                                                         (identity, elu1, favor, taylor, softmax)
+  positive_denominator        bool                       fault checks: phi(q).z must stay > 0
+  state_size(sequence_length) int, elements per layer    state bytes in results.json
+                                                         (Zoology's convention)
+  hook_q, hook_k, hook_v,     HookPoint (harness.hooks)  what measurement reads; hook_q/hook_k
+  hook_out, hook_q_raw,                                  are exactly what the op is fed,
+  hook_k_raw, hook_log_decay                             hook_*_raw before any feature map
+  effective_weights(hooks,    (B, H, R, T) tensor        sharpness and the read-out split
+    rows=None)                                           (signal against crosstalk)
+  probe_memory(d, seed)       ProbeMemory (classmethod)  mode=probe: the untrained probe
+  wants_learned_positions     bool                       model.pos_emb default (learned for
+                                                         softmax, none otherwise)
+  form                        str, settable              model.form / LanguageModel.set_form
+
+The harness constructs a mixer with the keyword arguments its constructor names among
+`d_model` (alias `hidden_size`), `n_heads` (alias `num_heads`), `layer_idx` and `config` (the
+whole ModelConfig), plus every entry of `model.options` (harness.layers.registry).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, NamedTuple, Optional
+
+import torch
+from torch import nn
+
+from harness.hooks import HookPoint
+from harness.layers.parts import Rotary, ShortConv, qk_width, rotary_enabled, split_heads
+
+HOOKS = ("hook_q_raw", "hook_k_raw", "hook_q", "hook_k", "hook_v", "hook_log_decay", "hook_dt",
+         "hook_beta", "hook_out")
+
+
+class ProbeMemory(NamedTuple):
+    """How the untrained probe (harness.measure.probe) writes random pairs into a mixer's memory.
+
+    read: "state" (S = sum_j lam_j phi(k_j) v_j^T, read through the state) or "softmax"
+    (exact softmax over the stored keys). phi_k / phi_q map (B, c, d) -> (B, c, m); d_key is
+    m. normalize: divide the read-out by phi(q).z. decay: None, or a callable
+    (shape (B, N), generator) -> (log a (B, N), write scale (B, N) or None) drawing the
+    per-step decays of the mixer's initialisation.
+    """
+    read: str
+    phi_k: Optional[Callable] = None
+    phi_q: Optional[Callable] = None
+    d_key: int = 0
+    normalize: bool = False
+    decay: Optional[Callable] = None
+
+
+def identity_map(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def mixer_hooks(mixer: nn.Module, cache: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The captured hook tensors of one mixer by short name ("q", "k", "v", "log_decay", ...)."""
+    return {name[len("hook_"):]: cache[f"{prefix}{name}"] for name in HOOKS if f"{prefix}{name}" in cache}
+
+
+def lacks(mixer: nn.Module, *members: str) -> Optional[str]:
+    """The first protocol member `mixer` does not declare, as a skip reason; None if it has all."""
+    for member in members:
+        if getattr(mixer, member, None) is None:
+            return f"skipped: no {member}"
+    return None
+
+
+def state_size(mixer: nn.Module, sequence_length: int) -> Optional[int]:
+    """mixer.state_size(sequence_length) in elements per layer, or None if it declares none."""
+    fn = getattr(mixer, "state_size", None)
+    return None if fn is None else int(fn(sequence_length))
+
+
+class Mixer(nn.Module):
+    """Base of the built-in mixers: head geometry, q/k/v projection, short convolution, rotary,
+    and the hook points measurement reads.
+
+    Hook points (all (B, H, T, .)):
+      hook_q_raw, hook_k_raw  q and k before the feature map (after rotary / scaling); their
+                              dot product is the score that monotonicity is measured against
+      hook_q, hook_k          exactly what is fed to the op (feature-mapped for kernel mixers)
+      hook_v                  values as fed to the op (dt-scaled for mamba)
+      hook_log_decay          decay mixers only: (B, H, T) or (B, H, T, Dk)
+      hook_out                the op's read-out, before per-head norm, gate and output projection
+
+    Subclasses set `family`, `core` and `kernel`, set `d_key` when a feature map changes the
+    key side of the state, and implement `effective_weights(hooks, rows)` with the ops
+    weights function of the op their forward pass calls, and `state_size`.
+    """
+
+    family: str = ""
+    core: str = ""
+    kernel: Optional[str] = None
+    positive_denominator: bool = False
+    wants_learned_positions: bool = False
+    has_decay: bool = False
+    init_by_model: bool = True  # the language model's Xavier / unit-embedding init applies
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads = config.n_heads
+        self.d_head = config.d_model // config.n_heads  # width of v and of the read-out
+        self.d_qk = qk_width(config)                    # width of q and k before any feature map
+        self.d_key = self.d_qk                          # key side of the state (feature maps change it)
+        self.hook_q_raw, self.hook_k_raw = HookPoint(), HookPoint()
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_out = HookPoint()
+        self.rotary = Rotary(self.d_qk) if rotary_enabled(config) else None
+        self.qkv_sizes = (self.n_heads * self.d_qk, self.n_heads * self.d_qk, config.d_model)
+        self.qkv_proj = nn.Linear(config.d_model, sum(self.qkv_sizes), bias=False)
+        # The short convolution acts on q, k and v after their projection, each channel on its
+        # own (Mamba-2's conv over xBC; fla's q/k/v convs). So k can be the previous token's key
+        # while q stays the current token's: one layer can then write (key, value) pairs.
+        self.qkv_conv = ShortConv(sum(self.qkv_sizes), config.conv_size) if config.short_conv else None
+        if self.has_decay:
+            self.hook_log_decay = HookPoint()
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (B, H, T, d_qk) and v (B, H, T, d_head) of x (B, T, C): projected, then
+        short-convolved if on."""
+        qkv = self.qkv_proj(x)
+        if self.qkv_conv is not None:
+            qkv = self.qkv_conv(qkv)
+        q, k, v = (split_heads(t, self.n_heads) for t in qkv.split(self.qkv_sizes, dim=-1))
+        return q, k, v
+
+    def state_size(self, sequence_length: int = 2048) -> int:
+        """Elements one layer keeps to decode the next token (all heads)."""
+        raise NotImplementedError
+
+    def effective_weights(self, hooks: Mapping[str, torch.Tensor], rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """a_ij of the rows `rows` ((R,) positions; None: every position), (B, H, R, T)."""
+        raise NotImplementedError
+
+
+def select_rows(weights: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """(B, H, T, T) -> (B, H, R, T): the rows asked for (all when rows is None)."""
+    return weights if rows is None else weights[:, :, rows.to(weights.device)]

@@ -1,0 +1,157 @@
+"""Which class `model.name` means, and how a mixer is constructed.
+
+`model.name` is a built-in name (a module under harness/layers registers its classes with
+:func:`register` when it is imported; every module there is imported on first use, so a new
+built-in mixer is one file) or a dotted import path `package.module.Class` to any nn.Module.
+
+A mixer is constructed with the keyword arguments its constructor names among those the
+harness can supply (:func:`supplied`): `d_model` (or fla's `hidden_size`), `n_heads` (or
+`num_heads`), `layer_idx`, `config` (the ModelConfig), and every entry of `model.options`.
+An option the constructor does not take is an error, unless it takes **kwargs (built-in mixers
+take no options: harness.model.validate refuses them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+from typing import Any, Callable
+
+from torch import nn
+
+_BUILTINS: dict[str, type] = {}
+_NOT_MIXERS = ("parts", "protocol", "registry")  # modules of this package that define no mixer
+_discovered = False
+
+
+def register(*names: str) -> Callable[[type], type]:
+    """Class decorator: make `cls` the built-in mixer called each of `names`."""
+    def deco(cls: type) -> type:
+        for name in names:
+            if name in _BUILTINS and _BUILTINS[name] is not cls:
+                raise ValueError(f"mixer name {name!r} registered twice")
+            _BUILTINS[name] = cls
+        return cls
+
+    return deco
+
+
+def unregister(name: str) -> None:
+    """Forget a built-in name (a notebook redefining a mixer, a test cleaning up)."""
+    _BUILTINS.pop(name, None)
+
+
+def _discover() -> None:
+    """Import every mixer module of harness.layers once (registration happens on import)."""
+    global _discovered
+    if _discovered:
+        return
+    here = Path(__file__).resolve().parent  # harness/layers
+    for info in pkgutil.iter_modules([str(here)]):
+        if info.name not in _NOT_MIXERS:
+            importlib.import_module(f"{__package__}.{info.name}")
+    _discovered = True
+
+
+def builtin_names() -> list[str]:
+    """The built-in mixer names, sorted."""
+    _discover()
+    return sorted(_BUILTINS)
+
+
+def is_dotted(name: str) -> bool:
+    return isinstance(name, str) and "." in name
+
+
+def resolve(name: str) -> type:
+    """The class `model.name` names; ValueError (one line) if it names none."""
+    _discover()
+    if name in _BUILTINS:
+        return _BUILTINS[name]
+    if not is_dotted(name):
+        raise ValueError(f"unknown model.name {name!r}; valid: {', '.join(builtin_names())}, "
+                         "or a dotted path package.module.Class")
+    return import_object(name, "model.name", nn.Module)
+
+
+def import_object(path: str, key: str, base: type | None = None) -> Any:
+    """`package.module.Name` imported; ValueError naming `key`, the path and the cause otherwise."""
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or the module itself failing on import
+        raise ValueError(f"{key}={path}: cannot import module {module_name!r} "
+                         f"({type(exc).__name__}: {_first_line(exc)})") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"{key}={path}: module {module_name!r} has no attribute {attr!r}")
+    obj = getattr(module, attr)
+    if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
+        raise ValueError(f"{key}={path}: {attr!r} is not a subclass of {base.__module__}.{base.__name__}")
+    return obj
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
+def supplied(config, layer_idx: int) -> dict[str, Any]:
+    """Every keyword argument the harness can give a mixer's constructor."""
+    return {"config": config, "d_model": config.d_model, "hidden_size": config.d_model,
+            "n_heads": config.n_heads, "num_heads": config.n_heads, "layer_idx": layer_idx}
+
+
+def constructor_kwargs(cls: type, config, layer_idx: int) -> dict[str, Any]:
+    """The keyword arguments `cls(...)` receives: the supplied ones it names, and the options."""
+    params = inspect.signature(cls.__init__).parameters
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    options = dict(config.options or {})
+    kwargs = {k: v for k, v in supplied(config, layer_idx).items() if k in named and k not in options}
+    for key, value in options.items():
+        if key not in named and not takes_any:
+            raise ValueError(f"model.options.{key}: model.name={config.name} takes no argument "
+                             f"{key!r} (it takes: {', '.join(sorted(named)) or 'none'})")
+        kwargs[key] = value
+    missing = [n for n, p in params.items() if n in named and p.default is p.empty and n not in kwargs]
+    if missing:
+        raise ValueError(f"model.name={config.name}: the constructor needs {missing[0]!r}, which the "
+                         f"harness cannot supply; set it with model.options.{missing[0]}=...")
+    return kwargs
+
+
+def build(config, layer_idx: int) -> nn.Module:
+    """The mixer of layer `layer_idx` for a ModelConfig. An outside class that fails to construct
+    raises ValueError naming the path and the cause."""
+    cls = resolve(config.name)
+    kwargs = constructor_kwargs(cls, config, layer_idx)
+    if not is_dotted(config.name):
+        return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except Exception as exc:
+        raise ValueError(f"model.name={config.name}: construction failed "
+                         f"({type(exc).__name__}: {_first_line(exc)})") from None
+
+
+def check_mixer(config, seq_len: int = 8) -> None:
+    """Build an outside mixer and run it once on a (1, seq_len, d_model) input: a class that fails
+    to construct or to run, or returns another shape, is a ValueError naming the path and what
+    is wrong, before any training. Built-in mixers are trusted (the tests hold them)."""
+    import torch
+
+    if not is_dotted(config.name):
+        return
+    mixer = build(config, 0)
+    x = torch.randn(1, seq_len, config.d_model)
+    try:
+        out = mixer(x)
+    except Exception as exc:
+        raise ValueError(f"model.name={config.name}: forward failed on a {tuple(x.shape)} input "
+                         f"({type(exc).__name__}: {_first_line(exc)})") from None
+    out = out[0] if isinstance(out, tuple) and out else out
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"model.name={config.name}: forward returned {got}, expected (B, T, C) = "
+                         f"{tuple(x.shape)} (a tensor, or a tuple whose first element is one)")

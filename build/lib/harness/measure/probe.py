@@ -1,0 +1,338 @@
+"""The untrained probe: random pairs written into each mixer's memory, read back, laid against theory.
+
+For each (model, d, N): N random keys and values are written into the mixer's state, stored
+keys are read back, and the read-out is split into signal and crosstalk exactly as
+`harness.measure.theory` describes; no N x N matrix is ever built.
+
+What is written.
+  keys     uniform on the sphere of radius sqrt(d) (unit-variance coordinates);
+  values   drawn uniformly from a codebook of C unit vectors in R^d_v (d_v = d by default),
+           centred (mean exactly 0) so that crosstalk comes from the weights, not from a
+           shared value mean;
+  queries  the stored keys themselves: all N of them through the state; for softmax, whose
+           read-out costs O(N) per query, at most `max_queries` of them per state, chosen at
+           random without replacement. Small N pools independent states (fresh keys and
+           values, same codebook) until a row has at least `min_queries` reads.
+
+How each mixer reads (a_ij are the effective weights, o_i = sum_j a_ij v_j).
+  linear   identity feature map, read out *unnormalised*: o_i = S^T q_i, S = sum_j k_j v_j^T,
+           a_ij = q_i.k_j. This is the plain linear associative memory that the law
+           sqrt(d/N) describes. The normalised form divides every a_ij of row i by
+           den_i = q_i.z: the per-read SNR is unchanged (signal and noise scale alike), but for
+           random keys den_i ~ d + N(0, N d) crosses zero once N > d, and a ratio of means
+           over reads would be dominated by the reads with den_i ~ 0.
+  elu      phi = elu(x) + 1 on the raw keys; normalised: a_ij = phi(q_i).phi(k_j) / phi(q_i).z.
+  favor    FAVOR+ (harness.features, m features, seeded) on k / d^(1/4), so that
+           phi(q).phi(k) estimates softmax's exp(q.k / sqrt(d)); normalised; queries use the
+           query form of the map (a per-row stabiliser that cancels in a_ij).
+  taylor   [1, x, x(x)x/sqrt2] on k / d^(1/4) (m = 1 + d + d^2), normalised; only on request
+           (not in MODELS): its features are large, so reads go in smaller chunks.
+  softmax  a_ij = softmax_j(q_i.k_j / sqrt(d)), streamed over chunks of keys with a running
+           log-sum-exp (flash-attention style).
+  retnet   identity keys, constant decay gamma = 1 - 2^-5 (RetNet's first head), no
+           denominator: S = sum_j gamma^(N-1-j) k_j v_j^T, read after the last write.
+  mamba    Mamba-2's SSD core with a scalar decay per head: S_t = exp(dt_t A) S_{t-1} +
+           k_t (dt_t v_t)^T, A = -uniform(1, 16) drawn once per seed, dt_t log-uniform in
+           [1e-3, 1e-1] per token (Mamba-2's initial distributions, the input dependence of dt
+           stood in for by an independent draw per token); no denominator.
+
+What is measured (per read i, target i).
+  signal_i = a_ii v_i, noise_i = o_i - signal_i.
+  snr_measured = sqrt(sum_i |signal_i|^2 / sum_i |noise_i|^2) over every read of the row (a
+    ratio of means, the same aggregate as harness.measure.trained uses on trained models).
+  acc_measured = fraction of reads whose read-out scores highest (dot product) on the target's
+    codebook entry among all C.
+
+What is predicted (harness.measure.theory).
+  snr_predicted = sqrt(d_eff / n_eff): d_eff = the state's key dimension (d for linear, elu,
+    retnet, mamba; m for favor; 1 + d + d^2 for taylor; d for softmax, which has no finite
+    state: the linear-memory reference it is compared against); n_eff = the aggregate
+    crosstalk count, N - 1 for every mixer here (see theory.aggregate_pairs: decay moves signal
+    between reads but leaves the ratio of means unchanged).
+  acc_predicted = mean over reads of theory.predicted_accuracy(SNR_i), SNR_i = the law for read
+    i: sqrt(d_eff / N_eff(i)) with N_eff(i) = sum_{j != i} (lambda_j / lambda_i)^2 for decayed
+    states (lambda = survival weights), N - 1 otherwise.
+  d_kernel, snr_kernel, acc_kernel = the same with d_eff replaced by the kernel's effective
+    dimension (theory.kernel_effective_dim): what positive features and softmax actually give.
+    NaN for favor.
+  acc_from_snr = mean of predicted_accuracy(measured SNR_i): the accuracy model applied to each
+    read's measured signal and noise, which checks the noise model on any mixer.
+  n_state = theory.state_pairs: decay-weighted pairs held at full weight (N without decay).
+  pairs = P, the median over reads of theory.read_participation: how many equal pairs the
+    crosstalk behind a read amounts to (N - 1 without decay), an input of the accuracy model.
+  Also: value_dim, candidates, queries (reads), states (pooled), log_decay_mean (mean log a_t;
+    NaN without decay), seed, time_s.
+
+What it shows (default grid, seed 0).
+  linear   SNR = sqrt(d/N) within ~1%, accuracy as predicted within ~0.02: near 1 until
+           N ~ d^2 / (2 ln C), far past N = d.
+  elu      every weight shares a positive mean: the crosstalk does not cancel in the weights,
+           d_kernel ~ 2.1, so SNR ~ sqrt(2.1/N) for every d (4-8x below the identity map at
+           d = 32-128, and no better at larger d); recall near chance from N ~ 64 on.
+  favor    at softmax temperature the estimated kernel is sharp, so the aggregate SNR stays
+           near sqrt(m/N), but the per-read crosstalk is heavy-tailed (a few keys whose random
+           features happen to align dominate): accuracy is far below what that SNR predicts,
+           and below the identity map's at the same N.
+  softmax  SNR ~ exp(sqrt(d) - 1) / sqrt(N), as the kernel predicts; recall 1.0 throughout.
+  retnet / mamba  the aggregate SNR keeps the undecayed law (decay moves signal between reads);
+           accuracy falls to about the recently written pairs / N, as the per-read law predicts.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import time
+import zlib
+from typing import Iterable, Optional
+
+import numpy as np
+import torch
+
+from harness.layers import registry
+from harness.measure import theory
+
+MODELS = ("linear", "elu", "favor", "softmax", "retnet", "mamba")  # probed when none are named
+DEFAULT_DS = (32, 64, 128)
+MAX_DEFAULT_N = 16384
+DTYPE = torch.float64                  # old writes of a decayed state sit far below float32's eps
+FEATURE_BUDGET = 2**22                 # entries of a feature or score block (32 MiB in float64)
+
+
+def default_ns(d: int) -> list[int]:
+    """Powers of two from d/2 to 64 d, capped at 16384."""
+    return [n for n in (2**p for p in range(1, 31)) if d // 2 <= n <= min(64 * d, MAX_DEFAULT_N)]
+
+
+def default_grid(ds: Iterable[int] = DEFAULT_DS) -> list[tuple[int, int]]:
+    """The default (d, N) pairs: every d with its `default_ns`."""
+    return [(d, n) for d in ds for n in default_ns(d)]
+
+
+# --------------------------------------------------------------------------------------------
+# Random pairs.
+
+
+def _generator(seed: int, *parts) -> torch.Generator:
+    """A CPU generator per row, stable across runs and devices."""
+    key = zlib.crc32(repr((seed,) + parts).encode())
+    return torch.Generator().manual_seed(key)
+
+
+def random_keys(shape: tuple[int, ...], d: int, gen: torch.Generator) -> torch.Tensor:
+    """Uniform on the sphere of radius sqrt(d): (..., d)."""
+    k = torch.randn(*shape, d, generator=gen, dtype=DTYPE)
+    return k * (math.sqrt(d) / k.norm(dim=-1, keepdim=True))
+
+
+@functools.lru_cache(maxsize=16)
+def codebook(candidates: int, value_dim: int, seed: int = 0) -> torch.Tensor:
+    """C unit vectors in R^d_v with mean 0, shared by every model of a (seed, C, d_v): (C, d_v).
+
+    Centring and normalising alternate until the mean is below 1e-9: a shared value mean
+    would add crosstalk that positive weights never cancel, (sum_j a_ij)^2 |mean|^2, an
+    artefact of the codebook rather than of the mixer.
+    """
+    u = torch.randn(candidates, value_dim, generator=_generator(seed, "codebook", candidates, value_dim), dtype=DTYPE)
+    for _ in range(100):
+        u = u - u.mean(0, keepdim=True)
+        u = u / u.norm(dim=-1, keepdim=True)
+        if u.mean(0).norm() < 1e-9:
+            break
+    return u
+
+
+# --------------------------------------------------------------------------------------------
+# Read-outs. Each returns per-read |signal|^2, |noise|^2 and whether the top-1 is correct.
+
+
+def _score(readout: torch.Tensor, book: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Top-1 against the codebook: (B, R, d_v), (C, d_v), (B, R) -> (B, R) bool, R in slices."""
+    B, R, _ = readout.shape
+    step = max(1, FEATURE_BUDGET // (B * book.shape[0]))  # bounds the (B, step, C) scores
+    return torch.cat([(readout[:, s : s + step] @ book.T).argmax(-1) == target[:, s : s + step]
+                      for s in range(0, R, step)], dim=1)
+
+
+def _read_through_state(phi_k, phi_q, lam, keys, V, book, idx, *, normalize: bool, chunk: int):
+    """Kernel / decay mixers: write S = sum_j lam_j phi(k_j) v_j^T, read every stored key.
+
+    phi_k, phi_q: callables (B, c, d) -> (B, c, m) applied chunk by chunk (the Taylor map's
+    m = 1 + d + d^2 makes whole-sequence features large); lam: (B, N) survival weights.
+    Nothing larger than (B, chunk, max(m, C)) is ever formed.
+    """
+    B, N, _ = keys.shape
+    chunks = [slice(s, s + chunk) for s in range(0, N, chunk)]  # chunk = reads (and writes) per step
+    S, z = 0.0, 0.0
+    for sl in chunks:  # write
+        fk = phi_k(keys[:, sl]) * lam[:, sl, None]  # (B, c, m)
+        S = S + fk.transpose(1, 2) @ V[:, sl]  # (B, m, d_v)
+        if normalize:
+            z = z + fk.sum(1)  # (B, m)
+    sig2, noise2, correct = [], [], []
+    for sl in chunks:  # read: the stored keys themselves are the queries
+        fq = phi_q(keys[:, sl])  # (B, c, m)
+        o = fq @ S  # (B, c, d_v)
+        self_w = torch.einsum("bcm,bcm->bc", fq, phi_k(keys[:, sl])) * lam[:, sl]  # a_ii before normalising
+        if normalize:
+            den = (fq @ z[..., None])[..., 0]  # (B, c), > 0 for positive features
+            if not torch.isfinite(den).all() or (den <= 0).any():
+                raise FloatingPointError("non-positive or non-finite denominator in a normalised read-out")
+            o, self_w = o / den[..., None], self_w / den
+        noise = o - self_w[..., None] * V[:, sl]  # (B, c, d_v)
+        sig2.append(self_w.square())  # |a_ii v_i|^2, unit values
+        noise2.append(noise.square().sum(-1))
+        correct.append(_score(o, book, idx[:, sl]))
+    return torch.cat(sig2, 1), torch.cat(noise2, 1), torch.cat(correct, 1)
+
+
+def _read_softmax(keys, V, q_idx, book, idx, *, chunk: int):
+    """Softmax over all N keys for the reads q_idx (B, Q), keys streamed in chunks."""
+    B, N, d = keys.shape
+    scale = 1.0 / math.sqrt(d)
+    take = lambda x: torch.gather(x, 1, q_idx[..., None].expand(-1, -1, x.shape[-1]))  # noqa: E731
+    q = take(keys)  # (B, Q, d)
+    m = torch.full(q.shape[:2], -math.inf, dtype=DTYPE, device=keys.device)  # running max
+    l = torch.zeros_like(m)  # running sum of exp
+    acc = torch.zeros(B, q.shape[1], V.shape[-1], dtype=DTYPE, device=keys.device)  # (B, Q, d_v)
+    for s in range(0, N, chunk):
+        logits = (q @ keys[:, s : s + chunk].transpose(1, 2)) * scale  # (B, Q, c)
+        m_new = torch.maximum(m, logits.amax(-1))
+        p = torch.exp(logits - m_new[..., None])
+        corr = torch.exp(m - m_new)
+        l = l * corr + p.sum(-1)
+        acc = acc * corr[..., None] + p @ V[:, s : s + chunk]
+        m = m_new
+    o = acc / l[..., None]
+    self_w = torch.exp((q * q).sum(-1) * scale - m) / l  # (B, Q)
+    noise = o - self_w[..., None] * take(V)  # (B, Q, d_v)
+    correct = _score(o, book, torch.gather(idx, 1, q_idx))
+    return self_w.square(), noise.square().sum(-1), correct
+
+
+# --------------------------------------------------------------------------------------------
+# One row.
+
+
+def probe_class(model: str) -> type:
+    """The mixer class `model` names (a built-in name or a dotted path) if it declares
+    `probe_memory`; ValueError (one line) otherwise."""
+    cls = registry.resolve(model)
+    if getattr(cls, "probe_memory", None) is None:
+        raise ValueError(f"probe: model {model!r} declares no probe_memory(d, seed) "
+                         "(harness.layers.protocol), so the probe cannot write random pairs into it")
+    return cls
+
+
+def _memory(model: str, d: int, seed: int, options: tuple = ()):
+    """The mixer's ProbeMemory, drawn once per (model, d, seed, options) and shared by every N,
+    as a layer's FAVOR+ features are fixed between redraws. options: (name, value) pairs of
+    model.options, passed where probe_memory names them."""
+    return _memory_cached(model, d, seed, tuple(sorted(options)))
+
+
+@functools.lru_cache(maxsize=32)
+def _memory_cached(model: str, d: int, seed: int, options: tuple):
+    fn = probe_class(model).probe_memory
+    named = inspect.signature(fn).parameters
+    return fn(d, seed, **{k: v for k, v in options if k in named})
+
+
+def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 1024, max_queries: int = 1024,
+              min_queries: int = 1024, value_dim: Optional[int] = None, chunk: int = 4096,
+              device: str = "cpu", options: Optional[dict] = None) -> dict:
+    """Measure and predict one (model, d, N); see the module docstring for every column."""
+    cls = probe_class(model)
+    if d < 2 or n < 2 or candidates < 2:
+        raise ValueError(f"need d >= 2, n >= 2 and candidates >= 2, got d={d}, n={n}, candidates={candidates}")
+    started = time.time()
+    d_v = value_dim or d
+    memory = _memory(model, d, seed, tuple((options or {}).items()))
+    reads_per_state = min(n, max_queries) if memory.read == "softmax" else n
+    states = max(1, math.ceil(min_queries / reads_per_state))
+    gen = _generator(seed, model, d, n, candidates, d_v)
+    book = codebook(candidates, d_v, seed)  # (C, d_v)
+    keys = random_keys((states, n), d, gen)  # (B, N, d)
+    idx = torch.randint(candidates, (states, n), generator=gen)  # (B, N)
+    V = book[idx]  # (B, N, d_v)
+
+    log_decay_mean = math.nan
+    lam = torch.ones(states, n, dtype=DTYPE)  # survival weight of each write at the read
+    if memory.decay is not None:
+        log_a, scale = memory.decay((states, n), gen)
+        lam = torch.from_numpy(theory.decay_pair_weights(log_a.numpy(), None if scale is None else scale.numpy()))
+        log_decay_mean = float(log_a.mean())
+
+    dev = torch.device(device)
+    keys, V, idx, book, lam = (t.to(dev) for t in (keys, V, idx, book, lam))
+    if memory.read == "softmax":
+        q_idx = torch.stack([torch.randperm(n, generator=gen)[:reads_per_state] for _ in range(states)]).to(dev)
+        sig2, noise2, correct = _read_softmax(keys, V, q_idx, book, idx, chunk=chunk)
+        d_eff, lam_read = d, torch.ones(states, n, dtype=DTYPE)
+        read_pairs = np.full(q_idx.shape, n - 1.0)
+    else:
+        d_eff = memory.d_key
+        step = max(1, min(chunk, FEATURE_BUDGET // (states * d_eff)))  # bounds (B, step, m) for taylor
+        sig2, noise2, correct = _read_through_state(memory.phi_k, memory.phi_q, lam, keys, V, book, idx,
+                                                    normalize=memory.normalize, chunk=step)
+        lam_read = lam.cpu()
+        read_pairs = theory.crosstalk_pairs(lam_read.numpy())  # (B, N): N_eff of each read
+
+    sig2, noise2, correct = (t.double().cpu().numpy() for t in (sig2, noise2, correct))
+    queries = int(sig2.size)
+    lam_np = lam_read.numpy()
+    n_eff = float(np.mean(theory.aggregate_pairs(lam_np)))
+    pairs = float(np.median(theory.read_participation(lam_np)))  # P: crosstalk pairs behind a read
+    d_kernel = theory.kernel_effective_dim(cls.kernel, d) if cls.kernel else math.nan
+    with np.errstate(divide="ignore", invalid="ignore"):
+        snr_read = np.sqrt(sig2 / noise2)
+        law_read = np.sqrt(d_eff / read_pairs)
+        kernel_read = np.sqrt(d_kernel / read_pairs)
+
+    def acc(snr: np.ndarray, dof=None) -> float:
+        return float(np.mean(theory.predicted_accuracy(snr.ravel(), candidates, d_v, pairs, dof=dof)))
+
+    return {
+        "model": model, "d": d, "n": n, "value_dim": d_v, "candidates": candidates,
+        "d_eff": int(d_eff), "n_eff": n_eff, "d_kernel": d_kernel,
+        "snr_measured": math.sqrt(sig2.sum() / noise2.sum()),
+        "snr_predicted": theory.predicted_snr(d_eff, n_eff),
+        "snr_kernel": theory.predicted_snr(d_kernel, n_eff) if not math.isnan(d_kernel) else math.nan,
+        "acc_measured": float(correct.mean()),
+        "acc_predicted": acc(law_read),
+        "acc_kernel": acc(kernel_read) if not math.isnan(d_kernel) else math.nan,
+        "acc_from_snr": acc(snr_read, dof=math.inf),
+        "n_state": float(np.mean(theory.state_pairs(lam_np))), "pairs": pairs,
+        "log_decay_mean": log_decay_mean,
+        "queries": queries, "states": states, "seed": seed, "time_s": time.time() - started,
+    }
+
+
+def run_probe(models: Optional[list[str]] = None, ds: Optional[list[int]] = None, ns: Optional[list[int]] = None, *,
+              seed: int = 0, candidates: int = 1024, max_queries: int = 1024, min_queries: int = 1024,
+              value_dim: Optional[int] = None, chunk: int = 4096, device: str = "cpu",
+              progress: bool = True, options: Optional[dict] = None) -> list[dict]:
+    """The probe over models x ds x ns: one dict per (model, d, N), in that order.
+
+    models: default MODELS (taylor on request); ds: default (32, 64, 128); ns: default
+    `default_ns(d)` for each d (powers of two from d/2 to 64 d, capped at 16384). N up to 65,536
+    is supported. candidates: C, the codebook size; max_queries: reads per state for softmax;
+    min_queries: small N pools states up to this many reads; value_dim: d_v (default d);
+    chunk: keys (softmax) or reads (state mixers) per step, the memory knob.
+    """
+    models = list(models or MODELS)
+    for m in models:
+        probe_class(m)
+    grid = [(d, n) for d in (ds or DEFAULT_DS) for n in (ns or default_ns(d))]
+    jobs = [(m, d, n) for m in models for d, n in grid]
+    from tqdm.auto import tqdm
+
+    rows = []
+    bar = tqdm(jobs, desc="probe", disable=not progress, unit="row")
+    for model, d, n in bar:
+        bar.set_postfix_str(f"{model} d={d} N={n}")
+        rows.append(probe_row(model, d, n, seed=seed, candidates=candidates, max_queries=max_queries,
+                              min_queries=min_queries, value_dim=value_dim, chunk=chunk, device=device,
+                              options=options))
+    return rows

@@ -1,0 +1,227 @@
+"""The language model: token embedding, pre-norm blocks (mixer + MLP), final norm, output head.
+
+Read top to bottom: the config and its validation, the block, the model. The mixers (one
+module per family under harness/layers/) own their projections, feature maps, gates and
+norms and call harness.ops; this file only wires them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from harness import checks
+from harness.hooks import HookPoint
+from harness.layers import MLP, make_norm, registry
+from harness.layers.parts import NORMS, qk_width
+from harness.layers.protocol import state_size
+
+FORMS = ("chunk", "parallel", "recurrent")
+GATES = ("scalar", "per_dim")
+FAVOR_REDRAW = ("never", "step")
+POS_EMBS = ("none", "learned")
+
+
+def open_mapping():
+    """An empty mapping that accepts new keys inside Hydra's struct-mode config (a plain dict
+    outside OmegaConf would be closed once Hydra sets struct mode on the composed config)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({}, flags={"struct": False})
+
+
+def uses_learned_positions(cfg: "ModelConfig") -> bool:
+    """model.pos_emb, or the mixer's own default when null: learned absolute positions for a
+    mixer with no other position signal (softmax, as in GPT-2 and Zoology's attention baseline)."""
+    if cfg.pos_emb is not None:
+        return cfg.pos_emb == "learned"
+    return bool(getattr(registry.resolve(cfg.name), "wants_learned_positions", False))
+
+
+@dataclass
+class ModelConfig:
+    name: str = "elu"  # a built-in mixer (harness.layers) or a dotted path package.module.Class
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 1
+    mlp_ratio: int = 4
+    short_conv: bool = True  # causal depthwise convolution of q, k, v after their projection
+    conv_size: int = 4
+    rotary: Optional[bool] = None  # None: the model's default (off: softmax uses learned positions)
+    pos_emb: Optional[str] = None  # none | learned; None: learned for softmax, none otherwise
+    form: str = "chunk"  # training form of the linear families: chunk | parallel | recurrent
+    qk_dim: Optional[int] = None  # per-head width of q and k (None: d_model / n_heads); Based's feature_dim
+    chunk_size: int = 64
+    eps: float = 1e-6  # denominator floor of normalised kernel attention
+    favor_features: Optional[int] = None  # None: the feature map's default m (about d ln d)
+    favor_redraw: str = "never"  # never | step (redraw the random features every training step)
+    gate: str = "scalar"  # mamba: scalar (Mamba-2, per head) | per_dim (GLA, per key dimension)
+    dropout: float = 0.0
+    norm: str = "layernorm"  # block norms: layernorm | rmsnorm
+    tie_embeddings: bool = False  # share the input embedding with the output head
+    decay: Optional[float] = None  # retnet: one gamma in (0, 1) for all heads; None: 1 - 2^(-5-h)
+    # Keyword arguments of an outside mixer's constructor, any keys (model.options.window=8 from
+    # the command line needs no '+': the node is created open, not struct, in the schema).
+    options: Any = field(default_factory=open_mapping)
+
+
+def validate(cfg: ModelConfig) -> None:
+    """Raise ValueError with one line naming the `model.<field>` at fault if cfg cannot build a model."""
+    registry.resolve(cfg.name)  # a known name or an importable class, else one line
+    if not isinstance(cfg.options, Mapping):
+        checks.fail("model.options", "a mapping of keyword arguments (model.options.<name>=<value>)", cfg.options)
+    if cfg.options and not registry.is_dotted(cfg.name):
+        key = next(iter(cfg.options))
+        raise ValueError(f"model.options.{key}: the built-in mixer {cfg.name!r} takes no options "
+                         "(its settings are model.* keys); model.options is for outside mixers")
+    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size"):
+        checks.integer(f"model.{field}", getattr(cfg, field))
+    checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
+    checks.integer("model.favor_features", cfg.favor_features, nullable=True)
+    if cfg.d_model % cfg.n_heads:
+        checks.fail("model.n_heads", f"a divisor of model.d_model={cfg.d_model}", cfg.n_heads)
+    checks.choice("model.form", cfg.form, FORMS)
+    checks.choice("model.gate", cfg.gate, GATES)
+    checks.choice("model.favor_redraw", cfg.favor_redraw, FAVOR_REDRAW)
+    checks.choice("model.norm", cfg.norm, NORMS)
+    checks.choice("model.pos_emb", cfg.pos_emb, POS_EMBS, nullable=True)
+    for field in ("short_conv", "tie_embeddings"):
+        checks.boolean(f"model.{field}", getattr(cfg, field))
+    checks.boolean("model.rotary", cfg.rotary, nullable=True)
+    checks.number("model.eps", cfg.eps, "(0, inf)")
+    checks.number("model.dropout", cfg.dropout, "[0, 1)")
+    checks.number("model.decay", cfg.decay, "(0, 1)", nullable=True)  # log(decay) must be finite and < 0
+    d_qk = qk_width(cfg)
+    checks.require(not (cfg.rotary and d_qk % 2),
+                   f"model.rotary=true needs an even q/k width (model.qk_dim, or "
+                   f"model.d_model/model.n_heads), got {d_qk}")
+
+
+def mixer_output(out) -> torch.Tensor:
+    """A mixer's forward result as a tensor: layers written for other libraries return a tuple
+    whose first element is the output (fla's (o, attn, cache))."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.norm1 = make_norm(cfg.norm, cfg.d_model)
+        self.mixer = registry.build(cfg, layer_idx)
+        self.norm2 = make_norm(cfg.norm, cfg.d_model)
+        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        x = self.hook_resid_mid(x + self.dropout(mixer_output(self.mixer(self.norm1(x)))))
+        return self.hook_resid_post(x + self.mlp(self.norm2(x)))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, max_seq_len: int) -> None:
+        super().__init__()
+        validate(cfg)
+        if vocab_size <= 0 or max_seq_len <= 0:
+            raise ValueError(f"vocab_size and max_seq_len must be positive, got {vocab_size}, {max_seq_len}")
+        self.cfg, self.vocab_size, self.max_seq_len = cfg, vocab_size, max_seq_len
+        self.embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(max_seq_len, cfg.d_model) if uses_learned_positions(cfg) else None
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
+        self.norm_f = make_norm(cfg.norm, cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+        # A tied head reads unit-variance embeddings: rescale (as T5 does) to O(1) logits.
+        self.logit_scale = cfg.d_model**-0.5 if cfg.tie_embeddings else 1.0
+
+        # The recipe's init for every part but an outside mixer, which keeps its own.
+        outside = {id(m) for mixer in self.mixers() if not getattr(mixer, "init_by_model", False)
+                   for m in mixer.modules()}
+        for module in self.modules():
+            if id(module) not in outside:
+                self._init_weights(module)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=1.0)  # a tied head was visited last
+        for mixer in self.mixers():
+            if hasattr(mixer, "reset_decay_parameters") and id(mixer) not in outside:
+                mixer.reset_decay_parameters()
+        for name, hook in self.named_modules():
+            if isinstance(hook, HookPoint):
+                hook.name = name
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        """Unit-variance token and position embeddings, Xavier-uniform projections.
+
+        On MQAR this matters more than any other choice here: with GPT-2's N(0, 0.02) the
+        positions are nearly indistinguishable at the start and a 2-layer softmax model sits
+        on the 1/N plateau for thousands of steps; with unit-variance embeddings it forms the
+        induction circuit within a few hundred. The tied head is rescaled by d_model^-1/2
+        (as in T5) so that unit-variance embeddings still give unit-scale initial logits; an
+        untied head (the default: tying delays the induction circuit on MQAR) is Xavier-uniform.
+        """
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=1.0)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
+        T = input_ids.shape[1]
+        if T > self.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.max_seq_len}")
+        x = self.embed(input_ids)  # (B, T, C)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight[:T]
+        x = self.dropout(x)
+        for block in self.layers:
+            x = block(x)
+        return self.head(self.norm_f(x) * self.logit_scale)  # (B, T, V)
+
+    # ---------------------------------------------------------------------------------------
+    # Introspection used by measurement, cost accounting and results.
+
+    def mixers(self) -> list[nn.Module]:
+        return [block.mixer for block in self.layers]
+
+    @property
+    def d_key(self) -> Optional[int]:
+        """Key dimension of one head's state: d_qk (d_head unless model.qk_dim), m for favor,
+        1 + d_qk + d_qk^2 for taylor; None for a mixer that declares none."""
+        return getattr(self.layers[0].mixer, "d_key", None)
+
+    @property
+    def d_head(self) -> int:
+        return self.cfg.d_model // self.cfg.n_heads
+
+    def state_size(self, sequence_length: Optional[int] = None) -> Optional[int]:
+        """Elements every layer keeps to decode the next token, at `sequence_length` (default
+        max_seq_len: what a KV cache holds there), summed over layers; None when a mixer
+        declares no state_size."""
+        n = self.max_seq_len if sequence_length is None else sequence_length
+        sizes = [state_size(mixer, n) for mixer in self.mixers()]
+        return None if None in sizes else sum(sizes)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (a tied head counted once); optionally without the embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if non_embedding else n
+
+    def set_form(self, form: str) -> "LanguageModel":
+        """Switch the computation form of every linear-family mixer (same parameters)."""
+        if form not in FORMS:
+            raise ValueError(f"unknown form {form!r}; valid: {', '.join(FORMS)}")
+        self.cfg = replace(self.cfg, form=form)
+        for mixer in self.mixers():
+            if hasattr(mixer, "form"):
+                mixer.form = form
+        return self
+

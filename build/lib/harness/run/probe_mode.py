@@ -1,0 +1,34 @@
+"""`mode=probe`: the untrained probe of one mixer over `probe.d` x `probe.n` into results.json."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
+
+
+def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    from harness.measure.probe import run_probe
+    from harness.devices import select_device
+
+    started = time.time()
+    device = select_device(cfg.trainer.device)
+    rows = run_probe([cfg.model.name], list(cfg.probe.d), list(cfg.probe.n) if cfg.probe.n is not None else None, seed=cfg.probe.seed,
+                     candidates=cfg.probe.candidates, max_queries=cfg.probe.max_queries,
+                     device=str(device), progress=cfg.trainer.progress,
+                     options=dict(cfg.model.options or {}))
+    results = base_results(cfg, "probe")
+    results["probe"] = rows
+    results["summary"] = {"rows": len(rows), "wall_time_s": time.time() - started}
+    results["env"] = env_info(str(device))
+    write_json(out_dir / RESULTS_FILE, results)
+    print(f"[harness] probe {cfg.model.name}: {'d':>5} {'N':>7} {'SNR meas':>9} {'SNR pred':>9} "
+          f"{'acc meas':>9} {'acc pred':>9}")
+    for r in rows:
+        print(f"[harness] probe {cfg.model.name}: {r['d']:>5} {r['n']:>7} {r['snr_measured']:>9.3f} "
+              f"{r['snr_predicted']:>9.3f} {r['acc_measured']:>9.3f} {r['acc_predicted']:>9.3f}")
+    print(f"[harness] results: {out_dir / RESULTS_FILE}")
+    return results

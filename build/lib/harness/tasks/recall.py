@@ -1,0 +1,133 @@
+"""Multi-query associative recall (MQAR), the layout of Zoology (Arora et al. 2023).
+
+Vocabulary: token 0 is the filler; keys come from [1, V//2), values from [V//2, V).
+Each example writes N pairs (distinct keys, distinct values) first, then asks queries:
+a query is a stored key, and the model must predict its value *at the query position*.
+Labels exist only at query positions.
+
+    V=16, N=2, seq_len=9, num_queries=3, power_a=1 (one possible draw):
+
+    position     0   1   2   3 | 4   5   6   7   8
+    inputs       3  12   5   9 | 5   0   3   5   0
+    targets      .   .   .   . | 9   .  12   9   .
+    target_pos   .   .   .   . | 3   .   1   3   .
+    slice_value  .   .   .   . | 2   .   2   2   .
+
+(`.` is IGNORE in targets, -1 in target_pos/slice_value.) target_pos is the position of the
+value token that answers the query: inputs[b, target_pos[b, t]] == targets[b, t].
+
+Queries: `num_queries=None` asks each stored key once (Q = N, as Zoology). Queries sit at
+distinct offsets s from the end of the pairs drawn with p(s) ∝ (s+1)^(power_a-1) (Zoology's
+power law: short gaps dominate at power_a=0.01), and the other positions hold the filler 0.
+`num_queries = seq_len - 2N` fills every position after the pairs with a query: more labels
+per example, but for a linear state each query is also a write (the key before it paired with
+this key), so N pairs compete with T - 2N such writes and normalised kernels stall near 1/N.
+Which key each query asks is balanced: with Q <= N the queried keys are distinct; with Q > N
+each key is asked floor(Q/N) or ceil(Q/N) times, in random order. Values never reappear after the pairs, so
+target_pos is the only place the answer can be read from.
+
+Evaluation: `eval_settings` gives one setting per entry of `test_num_pairs` at `test_seq_len`
+(each defaulting to the training value); accuracy is sliced by N ("num_pairs").
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from harness.tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
+                        empty_labels, make_generator, power_law_offsets, require, sample_distinct,
+                        validate_settings)
+
+NAME = "recall"
+SLICE_NAME = "num_pairs"
+
+
+@dataclass
+class Config:
+    seq_len: int = 64
+    vocab_size: int = 256
+    num_pairs: int = 4
+    num_queries: Optional[int] = None        # None: num_pairs (each stored key asked once)
+    power_a: float = 0.01                    # gap law p(s) ∝ (s+1)^(power_a-1); 1 = uniform
+    test_seq_len: Optional[int] = None       # None: seq_len
+    test_num_pairs: list[int] = field(default_factory=list)  # empty: [num_pairs]
+
+
+def _num_queries(cfg: Config) -> int:
+    return cfg.num_pairs if cfg.num_queries is None else cfg.num_queries
+
+
+def _validate_setting(cfg: Config, where: str) -> None:
+    check_int(NAME, f"{where}seq_len", cfg.seq_len)
+    check_int(NAME, "vocab_size", cfg.vocab_size, minimum=4)
+    check_int(NAME, f"{where}num_pairs", cfg.num_pairs)
+    a = check_float(NAME, "power_a", cfg.power_a)
+    require(a > 0, f"{NAME}: power_a must be > 0, got {cfg.power_a}")
+    n, t, v = cfg.num_pairs, cfg.seq_len, cfg.vocab_size
+    keys, values = v // 2 - 1, v - v // 2
+    require(n <= keys, f"{NAME}: {where}num_pairs={n} distinct keys do not fit in the key half "
+                       f"[1, {v // 2}) of vocab_size={v} ({keys} keys); raise vocab_size")
+    require(n <= values, f"{NAME}: {where}num_pairs={n} distinct values do not fit in the value half "
+                         f"[{v // 2}, {v}) of vocab_size={v} ({values} values); raise vocab_size")
+    if cfg.num_queries is not None:
+        check_int(NAME, "num_queries", cfg.num_queries)
+    q = _num_queries(cfg)
+    default = " (num_queries defaults to num_pairs)" if cfg.num_queries is None else ""
+    require(2 * n + q <= t, f"{NAME}: 2*num_pairs + num_queries = {2 * n + q} exceeds "
+                            f"{where}seq_len={t}{default}")
+
+
+def validate(cfg: Config) -> None:
+    """Raise ValueError (one line) unless the training and every evaluation setting is valid."""
+    cfg = as_config(Config, cfg, NAME)
+    if cfg.test_seq_len is not None:
+        check_int(NAME, "test_seq_len", cfg.test_seq_len)
+    validate_settings(NAME, cfg, _validate_setting, eval_settings)
+
+
+def eval_settings(cfg: Config) -> list[Config]:
+    """One setting per test N, at test_seq_len; each is a plain training-style Config."""
+    cfg = as_config(Config, cfg, NAME)
+    seq_len = cfg.test_seq_len if cfg.test_seq_len is not None else cfg.seq_len
+    sizes = list(cfg.test_num_pairs) or [cfg.num_pairs]
+    return [dataclasses.replace(cfg, seq_len=seq_len, num_pairs=n, test_seq_len=None, test_num_pairs=[])
+            for n in sizes]
+
+
+def max_seq_len(cfg: Config) -> int:
+    """The longest sequence of the training and evaluation settings (for positional tables)."""
+    cfg = as_config(Config, cfg, NAME)
+    return max([cfg.seq_len] + [s.seq_len for s in eval_settings(cfg)])
+
+
+def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device | str = "cpu",
+               split: str = "train") -> Batch:
+    cfg = as_config(Config, cfg, NAME)
+    _validate_setting(cfg, "")
+    check_call(NAME, batch_size, seed, split)
+    b, t, n, v = batch_size, cfg.seq_len, cfg.num_pairs, cfg.vocab_size
+    q = _num_queries(cfg)
+    gen = make_generator(seed, split, device)
+    dev = gen.device
+
+    keys = sample_distinct(gen, b, n, 1, v // 2)                        # (B, N)
+    values = sample_distinct(gen, b, n, v // 2, v)                      # (B, N)
+    which = balanced_choice(gen, b, q, n)                               # (B, Q) pair asked
+    if q == t - 2 * n:
+        offsets = torch.arange(q, device=dev).expand(b, q)              # (B, Q) every position
+    else:
+        offsets = power_law_offsets(gen, b, q, t - 2 * n, float(cfg.power_a))  # (B, Q)
+    query_pos = 2 * n + offsets                                         # (B, Q)
+
+    inputs = torch.full((b, t), PAD, dtype=torch.long, device=dev)      # (B, T)
+    inputs[:, 0:2 * n:2] = keys
+    inputs[:, 1:2 * n:2] = values
+    inputs.scatter_(1, query_pos, keys.gather(1, which))
+    targets, slice_value, target_pos = empty_labels(b, t, dev)
+    targets.scatter_(1, query_pos, values.gather(1, which))
+    slice_value.scatter_(1, query_pos, n)
+    target_pos.scatter_(1, query_pos, 2 * which + 1)
+    return Batch(inputs, targets, slice_value, target_pos, SLICE_NAME)

@@ -1,0 +1,354 @@
+"""Training loop: config -> task batches -> model -> metrics -> results.json.
+
+AdamW with warmup and cosine decay, gradient clipping, held-out evaluation every
+`trainer.eval_every` steps and at the end, early stop once every evaluation setting reaches
+`trainer.target_accuracy`. Training batches are generated on the device, `data_chunk` steps
+at a time in one vectorised call; the loss is read back to the host only when the progress
+bar refreshes, so the hot loop has no other host-device sync.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from harness.errors import RunError
+from harness.layers.parts import qk_width
+from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
+                             flat_config, write_json)
+from harness.config.build import build_model, model_config, task_config
+from harness.devices import select_device
+
+IGNORE = -100
+
+
+def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norms, biases, gains or decay rates)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": tr.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tr.lr, betas=(0.9, 0.98), eps=1e-8)
+
+
+def lr_factor(step: int, tr) -> float:
+    """Linear warmup, then cosine from 1 down to `min_lr_ratio` at `max_steps`."""
+    if step < tr.warmup_steps:
+        return (step + 1) / tr.warmup_steps
+    span = max(1, tr.max_steps - tr.warmup_steps)
+    progress = min(1.0, (step - tr.warmup_steps) / span)
+    return tr.min_lr_ratio + (1 - tr.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
+
+
+def train_batches(module, tcfg, tr, seed: int, device: torch.device, start: int = 0) -> Iterator[Any]:
+    """Endless training batches from batch ``start`` on, `data_chunk` of them per vectorised
+    generator call. Batch i depends on (seed, i) alone, so a resumed run gets the same data."""
+    chunk, skip = divmod(start, tr.data_chunk)
+    while True:
+        big = module.make_batch(tcfg, tr.batch_size * tr.data_chunk,
+                                seed=seed * 1_000_003 + chunk, device=device, split="train")
+        for i in range(skip, tr.data_chunk):
+            sl = slice(i * tr.batch_size, (i + 1) * tr.batch_size)
+            yield big.inputs[sl], big.targets[sl]
+        chunk, skip = chunk + 1, 0
+
+
+@dataclass
+class EvalSet:
+    """A held-out batch for one evaluation setting (fixed for the whole run)."""
+    name: str
+    batch: Any
+    seq_len: int
+
+
+def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device) -> list[EvalSet]:
+    sets = []
+    for i, setting in enumerate(module.eval_settings(tcfg)):
+        batch = module.make_batch(setting, tr.eval_examples, seed=seed * 7919 + i,
+                                  device=device, split="test")
+        n = getattr(setting, "num_pairs", None)
+        sets.append(EvalSet(name=f"{batch.slice_name}={n}" if n else f"set{i}", batch=batch,
+                            seq_len=batch.inputs.shape[1]))
+    return sets
+
+
+@torch.no_grad()
+def evaluate(model, eval_sets: list[EvalSet], autocast, chunk: int = 256) -> dict[str, Any]:
+    """Accuracy and loss per setting and per slice value (N or distance)."""
+    model.eval()
+    per_set, slices = [], []
+    for es in eval_sets:
+        b = es.batch
+        correct, count, loss_sum = [], [], 0.0
+        for s in range(0, b.inputs.shape[0], chunk):
+            with autocast():
+                logits = model(b.inputs[s:s + chunk])
+            tgt = b.targets[s:s + chunk]
+            mask = tgt != IGNORE
+            loss_sum += F.cross_entropy(logits[mask].float(), tgt[mask], reduction="sum").item()
+            correct.append((logits.argmax(-1) == tgt)[mask])
+            count.append(b.slice_value[s:s + chunk][mask])
+        hits = torch.cat(correct).float()
+        values = torch.cat(count)
+        n = hits.numel()
+        per_set.append({"name": es.name, "accuracy": hits.mean().item(), "loss": loss_sum / n,
+                        "count": n, "seq_len": es.seq_len})
+        for v in torch.unique(values).tolist():
+            sel = values == v
+            slices.append({"slice": b.slice_name, "value": int(v), "seq_len": es.seq_len,
+                           "accuracy": hits[sel].mean().item(), "count": int(sel.sum())})
+    model.train()
+    accuracy = sum(p["accuracy"] for p in per_set) / len(per_set)
+    loss = sum(p["loss"] for p in per_set) / len(per_set)
+    return {"accuracy": accuracy, "loss": loss, "min_accuracy": min(p["accuracy"] for p in per_set),
+            "settings": per_set, "slices": slices}
+
+
+def autocast_factory(device: torch.device, precision: str):
+    enabled = precision == "bf16"
+
+    def ctx():
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    return ctx
+
+
+def _measure(model, eval_sets: list[EvalSet], examples: int) -> dict[str, Any]:
+    """Sharpness and SNR on the first `examples` examples of every evaluation set (the summary
+    from the first); `measure_examples` in the summary is the count actually used."""
+    from harness.measure.trained import measure_model
+
+    heads, summary, status = [], {}, {}
+    for i, es in enumerate(eval_sets):
+        out = measure_model(model, es.batch, max_examples=examples)
+        heads.extend(out["heads"])
+        status = status or out["measure"]
+        if i == 0:
+            summary = out["summary"]
+    return {"summary": summary, "heads": heads, "measure": status}
+
+
+def state_summary(model, task_seq_len: int) -> dict[str, Any]:
+    """State size per head and in bytes (float32), beside what a KV cache holds at this length.
+    A mixer that declares no state_size leaves the state keys out."""
+    from harness.ops import kv_cache_elements
+
+    cfg = model.cfg
+    d_head = cfg.d_model // cfg.n_heads
+    heads, bytes_per = cfg.n_heads * cfg.n_layers, 4
+    kv = kv_cache_elements(task_seq_len, qk_width(cfg), d_head)  # what softmax would cache per head
+    out: dict[str, Any] = {"d_key": model.d_key, "d_head": d_head, "kv_cache_bytes": kv * heads * bytes_per}
+    state = model.state_size(task_seq_len)
+    if state is not None:
+        out.update(state_elements_per_head=state // heads, state_elements_per_layer=state // cfg.n_layers,
+                   state_bytes=state * bytes_per)
+    return out
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+@dataclass
+class LoopState:
+    """What the training loop carries from step to step besides the model and optimiser."""
+    step: int = 0
+    running: Optional[torch.Tensor] = None   # summed loss since the last progress refresh
+    last_loss: float = float("nan")
+    last_eval: dict[str, Any] = field(default_factory=dict)
+    eval_step: int = -1
+    elapsed_s: float = 0.0                   # wall time before this process (a resumed run)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _checkpoint_payload(cfg, model, opt, sched, loop: LoopState, logger) -> dict[str, Any]:
+    from harness.outputs import checkpoint
+    from harness.outputs.results import config_hash
+
+    return {"format": checkpoint.FORMAT, "step": loop.step, "config_hash": config_hash(cfg),
+            "config": flat_config(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(), "loop": loop.as_dict(),
+            "logger_id": logger.run_id}
+
+
+def _restore(saved: dict[str, Any], model, opt, sched) -> LoopState:
+    from harness.outputs import checkpoint
+
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])  # moves the moments onto the parameters' device
+    sched.load_state_dict(saved["scheduler"])
+    checkpoint.set_rng_state(saved["rng"])
+    loop = LoopState(**saved["loop"])
+    loop.running = loop.running.to(next(model.parameters()).device)
+    return loop
+
+
+def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None = None,
+          resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train cfg's model on its task; write metrics and results into out_dir.
+
+    A checkpoint (`checkpoint.pt`) is written every `trainer.ckpt_every` steps; if out_dir
+    already holds one of this configuration, training continues from it and ends exactly as
+    an uninterrupted run would. ``on_step(step)`` is called after each optimizer step (and the
+    loop's logging), before any evaluation: the loop benchmark times steps with it.
+    ``resume``: that checkpoint, when the caller has loaded it already (harness.run.job does).
+    """
+    from harness.outputs import checkpoint
+    from harness.train.faults import FaultWatch, NumericalFault
+
+    started = time.time()
+    tr = cfg.trainer
+    device = select_device(tr.device)
+    torch.manual_seed(cfg.seed)
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    module, tcfg = task_config(cfg.task)
+    mcfg = model_config(cfg.model)
+    saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
+    eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)
+    max_len = max(es.seq_len for es in eval_sets)
+    model = build_model(cfg).to(device)
+    watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
+    step_model = torch.compile(model) if tr.compile else model
+    opt = build_optimizer(model, tr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tr))
+    autocast = autocast_factory(device, tr.precision)
+    loop = LoopState(running=torch.zeros((), device=device))
+    if saved is not None:
+        loop = _restore(saved, model, opt, sched)
+        started -= loop.elapsed_s
+        print(f"[harness] resuming from {out_dir / checkpoint.CHECKPOINT_FILE} at step {loop.step}")
+    ckpt_path = out_dir / checkpoint.CHECKPOINT_FILE
+    ckpt_step = loop.step if saved is not None else None
+
+    from harness.outputs.wandb_logger import make_logger
+
+    flat = flat_config(cfg)
+    logger = make_logger(cfg.logger, flat, out_dir, name=f"{cfg.task.name}-{mcfg.name}",
+                         run_id=saved.get("logger_id") if saved else None)
+    metrics = MetricsLog(out_dir / METRICS_FILE, resume_step=ckpt_step)
+    results = base_results(cfg, "train")
+    failed = True
+    terminate = checkpoint.TerminationRequest()  # a pre-empted job saves its step, then stops
+    try:
+        batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
+        bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{mcfg.name}",
+                   disable=not tr.progress, dynamic_ncols=True, leave=True)
+        stopped_early = False
+        while loop.step < tr.max_steps:
+            inputs, targets = next(batches)
+            with watch.forward_pass(), autocast():
+                loss = lm_loss(step_model(inputs), targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            loop.step += 1
+            step = loop.step
+            watch.clip_and_record(step, loss, tr.grad_clip)
+            opt.step()
+            sched.step()
+            loop.running += loss.detach()
+            if step % tr.log_every == 0 or step == tr.max_steps:
+                watch.check()  # reads the loss back anyway: the fault check rides on that sync
+                loop.last_loss = (loop.running / (step % tr.log_every or tr.log_every)).item()
+                loop.running.zero_()
+                bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval.get('accuracy', 0):.3f}")
+                logger.log({"train/loss": loop.last_loss, "train/lr": sched.get_last_lr()[0]}, step=step)
+            bar.update(1)
+            if on_step is not None:
+                on_step(step)
+            if step % tr.eval_every == 0 or step == tr.max_steps:
+                watch.check()
+                loop.last_eval = evaluate(model, eval_sets, autocast)
+                loop.eval_step = step
+                row = {"step": step, "time_s": time.time() - started,
+                       "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
+                       **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}}
+                metrics.write(row)
+                logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
+                bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval['accuracy']:.3f}")
+                if tr.target_accuracy is not None and loop.last_eval["min_accuracy"] >= tr.target_accuracy:
+                    stopped_early = step < tr.max_steps
+                    break
+            due = tr.ckpt_every and step % tr.ckpt_every == 0
+            if (due or terminate.requested) and step < tr.max_steps:
+                watch.check()  # only a clean state is saved: the last checkpoint is always good
+                loop.elapsed_s = time.time() - started
+                checkpoint.save(ckpt_path, _checkpoint_payload(cfg, model, opt, sched, loop, logger))
+                ckpt_step = step
+                if terminate.requested:
+                    raise RunError(f"stopped by SIGTERM after step {step}; the checkpoint "
+                                   f"{ckpt_path} holds it: rerun the same command to resume")
+        bar.close()
+        watch.check()
+        step, last_eval = loop.step, loop.last_eval
+        if loop.eval_step != step:
+            last_eval = evaluate(model, eval_sets, autocast)
+        summary: dict[str, Any] = {
+            "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
+            "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
+            **state_summary(model, max_len),
+        }
+        for p in last_eval["settings"]:
+            summary[f"accuracy/{p['name']}"] = p["accuracy"]
+        results["slices"] = last_eval["slices"]
+        if tr.measure:
+            measured = _measure(model, eval_sets, tr.measure_examples)
+            summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
+            results["heads"] = measured["heads"]
+            results["measure"] = measured["measure"]
+        summary["wall_time_s"] = time.time() - started
+        results["summary"] = summary
+        results["env"] = env_info(str(device))
+        if tr.checkpoint:
+            checkpoint.save(out_dir / "model.pt", {"model": model.state_dict(),
+                                                   "config": OmegaConf.to_container(cfg, resolve=True)})
+        write_json(out_dir / RESULTS_FILE, results)
+        ckpt_path.unlink(missing_ok=True)  # finished: model.pt and results.json replace it
+        logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
+        failed = False
+    except NumericalFault as fault:
+        fault.record["checkpoint"] = ({"path": str(ckpt_path), "step": ckpt_step}
+                                      if ckpt_step is not None else None)
+        raise
+    finally:
+        terminate.restore()
+        metrics.close()
+        logger.finish(failed=failed)
+    _report(cfg, summary, last_eval, out_dir)
+    return results
+
+
+def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path) -> None:
+    per = ", ".join(f"{p['name']}: {p['accuracy']:.3f}" for p in last_eval["settings"])
+    print(f"[harness] {cfg.task.name}/{cfg.model.name}: accuracy {summary['accuracy']:.3f} "
+          f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
+    if "state_bytes" in summary:
+        print(f"[harness] state {summary['state_elements_per_head']:,} elements/head "
+              f"({_fmt_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
+              f"{_fmt_bytes(summary['kv_cache_bytes'])})")
+    if summary.get("target_weight") is not None and "snr_measured" in summary:
+        print(f"[harness] retrieval head: weight on the correct key {summary['target_weight']:.3f}, "
+              f"SNR measured {summary.get('snr_measured', float('nan')):.2f} "
+              f"vs predicted {summary.get('snr_predicted', float('nan')):.2f}")
+    print(f"[harness] results: {out_dir / RESULTS_FILE}")
