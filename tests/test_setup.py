@@ -85,10 +85,17 @@ def installed(tmp_path_factory):
     """A fresh virtual environment with the harness installed from a wheel; its dependencies
     (torch among them) are this environment's, on the path through a .pth line, so nothing is
     downloaded and the editable install of the checkout is not seen."""
+    import shutil
+
     base = tmp_path_factory.mktemp("install")
-    wheels = base / "wheels"
+    source, wheels = base / "source", base / "wheels"  # built from a copy: setuptools writes build/ beside it
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for part in ("harness", "analysis"):
+        shutil.copytree(ROOT / part, source / part, ignore=skip)
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / part, source / part)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(wheels), str(ROOT)], capture_output=True, text=True, timeout=600)
+                            "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     wheel = next(wheels.glob("recall_harness-*.whl"))
     venv = base / "venv"

@@ -1,1 +1,0 @@
-"""One module per figure family; each figure function takes results and returns a Figure."""
