@@ -175,7 +175,7 @@ def recall_batch(B: int = 4, T: int = 24):
     return SimpleNamespace(inputs=inputs, target_pos=target_pos, slice_value=slice_value, slice_name="num_pairs")
 
 
-@pytest.mark.parametrize("name", ["softmax", "elu", "mamba"])
+@pytest.mark.parametrize("name", ["softmax", "elu", "mamba", "gated_deltanet"])
 def test_measure_model_tables(name):
     model = tiny_model(name).train()
     out = measure_model(model, recall_batch(B=6), max_examples=4)

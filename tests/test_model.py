@@ -14,7 +14,7 @@ from harness.layers import builtin_names, resolve
 from harness.model import LanguageModel, ModelConfig, validate
 
 VOCAB, MAX_T = 20, 32
-LINEAR_FAMILIES = ["linear", "elu", "favor", "taylor", "retnet", "mamba"]
+LINEAR_FAMILIES = ["linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet", "gated_deltanet"]
 
 # Every mixer once, plus the options that change its computation.
 VARIANTS = [
@@ -28,6 +28,7 @@ VARIANTS = [
     dict(name="softmax", qk_dim=4, rotary=True),
     dict(name="retnet", qk_dim=4),
     dict(name="mamba", gate="per_dim", qk_dim=4),
+    dict(name="gated_deltanet", qk_dim=4, rotary=True),
 ]
 
 
@@ -125,8 +126,10 @@ def test_hooks_do_not_change_outputs(variant):
         after = model(x)
     assert torch.equal(before, during) and torch.equal(before, after)
     names = {"hook_q_raw", "hook_k_raw", "hook_q", "hook_k", "hook_v", "hook_out"}
-    if variant["name"] in ("retnet", "mamba"):
+    if variant["name"] in ("retnet", "mamba", "gated_deltanet"):
         names.add("hook_log_decay")
+    if variant["name"] in ("deltanet", "gated_deltanet"):
+        names.add("hook_beta")
     for layer in range(2):
         for n in names:
             assert f"layers.{layer}.mixer.{n}" in cache
@@ -156,7 +159,8 @@ def test_key_dimension_and_state_accounting():
     assert build(name="favor", favor_features=12).d_key == 12
     assert build(name="retnet").d_key == d
     layers_heads = 2 * 2
-    for name, normalize in [("elu", True), ("taylor", True), ("retnet", False), ("mamba", False)]:
+    for name, normalize in [("elu", True), ("taylor", True), ("retnet", False), ("mamba", False),
+                            ("deltanet", False), ("gated_deltanet", False)]:
         model = build(name=name)
         assert model.state_size() == layers_heads * ops.state_elements(model.d_key, d, normalize=normalize)
         assert model.state_size(10) == model.state_size(1000)  # fixed-size states
@@ -182,13 +186,19 @@ def test_parameters_and_init():
         assert abs(w.std().item() - math.sqrt(2 / sum(w.shape))) < 0.1 * math.sqrt(2 / sum(w.shape))
 
 
-def test_decay_initialisation():
+@pytest.mark.parametrize("name", ["mamba", "gated_deltanet"])
+def test_decay_initialisation(name):
+    """Mamba-2's: dt = softplus(dt_bias) in [1e-3, 1e-1] and A = exp(A_log) in [1, 16], spread over
+    the range (not collapsed by the model's generic init)."""
     torch.manual_seed(0)
-    mamba = LanguageModel(ModelConfig(name="mamba", d_model=64, n_heads=16), VOCAB, MAX_T).layers[0].mixer
-    dt = torch.nn.functional.softplus(mamba.dt_bias)
-    assert ((dt >= 1e-3 * 0.999) & (dt <= 1e-1 * 1.001)).all()
-    A = torch.exp(mamba.A_log)
-    assert ((A >= 1) & (A <= 16)).all()
+    mixer = LanguageModel(ModelConfig(name=name, d_model=64, n_heads=16), VOCAB, MAX_T).layers[0].mixer
+    dt = torch.nn.functional.softplus(mixer.dt_bias)
+    assert ((dt >= 1e-3 * 0.999) & (dt <= 1e-1 * 1.001)).all() and dt.max() / dt.min() > 10
+    A = torch.exp(mixer.A_log)
+    assert ((A >= 1) & (A <= 16)).all() and A.max() - A.min() > 5
+
+
+def test_retnet_initialisation():
     retnet = LanguageModel(ModelConfig(name="retnet", d_model=16, n_heads=4), VOCAB, MAX_T).layers[0].mixer
     gammas = torch.exp(retnet.log_gamma)
     assert torch.allclose(gammas, 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64)))
