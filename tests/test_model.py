@@ -29,6 +29,7 @@ VARIANTS = [
     dict(name="retnet", qk_dim=4),
     dict(name="mamba", gate="per_dim", qk_dim=4),
     dict(name="gated_deltanet", qk_dim=4, rotary=True),
+    dict(name="swa", window=5),  # T = 21 spans several windows
 ]
 
 
@@ -167,6 +168,10 @@ def test_key_dimension_and_state_accounting():
     softmax = build(name="softmax")
     assert softmax.state_size() == layers_heads * ops.kv_cache_elements(MAX_T, d)
     assert softmax.state_size(10) == layers_heads * ops.kv_cache_elements(10, d)  # grows with the length
+    swa = build(name="swa", window=6)  # the window's KV cache: 2 W d per head, once the sequence fills it
+    assert swa.state_size() == swa.state_size(1000) == layers_heads * 2 * 6 * d
+    assert swa.state_size(4) == layers_heads * 2 * 4 * d
+    assert build(name="swa").layers[0].mixer.window == 32  # the default window
 
 
 def test_parameters_and_init():
@@ -255,7 +260,8 @@ def test_sequence_longer_than_max_raises():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(name="gpt"), "unknown model.name 'gpt'; valid: elu, favor, linear, mamba, retnet, softmax, taylor, or a dotted path"),
+        (dict(name="gpt"), "unknown model.name 'gpt'; valid: deltanet, elu, favor, gated_deltanet, linear, mamba, "
+                           "retnet, softmax, swa, taylor, or a dotted path"),
         (dict(d_model=30, n_heads=4), r"model.n_heads must be a divisor of model.d_model=30, got 4"),
         (dict(d_model=0), "model.d_model must be a positive integer, got 0"),
         (dict(n_layers=-1), "model.n_layers must be a positive integer"),
@@ -269,6 +275,8 @@ def test_sequence_longer_than_max_raises():
         (dict(favor_features=0), "model.favor_features must be a positive integer or null"),
         (dict(decay=1.0), r"model.decay must be a number in \(0, 1\) or null, got 1.0"),
         (dict(decay=0.0), "model.decay must be a number in"),
+        (dict(name="swa", window=0), "model.window must be a positive integer or null, got 0"),
+        (dict(name="elu", window=4), r"model.window must be null for model.name=elu \(a sliding window is model=swa's\)"),
         (dict(short_conv="yes"), "model.short_conv must be true or false"),
         (dict(name="softmax", d_model=6, n_heads=2, rotary=True), "model.rotary=true needs an even q/k"),
     ],

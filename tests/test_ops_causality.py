@@ -101,6 +101,10 @@ def test_softmax_is_causal(cut):
     qp, kp, vp = perturb(q, q2, cut), perturb(k, k2, cut), perturb(v, v2, cut)
     assert_prefix_equal(ops.softmax_attention(q, k, v), ops.softmax_attention(qp, kp, vp), cut)
     assert_prefix_equal(ops.softmax_weights(q, k), ops.softmax_weights(qp, kp), cut)
+    for window in (1, 7, CHUNK):
+        assert_prefix_equal(ops.window_attention(q, k, v, window), ops.window_attention(qp, kp, vp, window), cut)
+    for window in (7, CHUNK):  # (W = 1 weights are the identity: nothing to change in the future)
+        assert_prefix_equal(ops.window_weights(q, k, window), ops.window_weights(qp, kp, window), cut)
 
 
 def test_weight_rows_are_causal():

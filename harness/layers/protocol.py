@@ -70,6 +70,7 @@ class ProbeMemory(NamedTuple):
     d_key: int = 0
     normalize: bool = False
     decay: Optional[Callable] = None
+    window: Optional[int] = None
 
 
 def identity_map(x: torch.Tensor) -> torch.Tensor:

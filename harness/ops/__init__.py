@@ -13,13 +13,17 @@ from .linear import linear_attention, linear_attention_step, linear_weights
 from .fused_cpu import fused_cpu_enabled, set_fused_cpu
 from .naive import (naive_decay_attention, naive_delta_attention, naive_linear_attention,
                     naive_softmax_attention)
-from .softmax import softmax_attention, softmax_step, softmax_weights
+from .softmax import (softmax_attention, softmax_step, softmax_weights, window_attention, window_step,
+                      window_weights)
 from .state import attention_matrix_elements, kv_cache_elements, kv_crossover, state_elements
 
 __all__ = [
     "softmax_attention",
     "softmax_weights",
     "softmax_step",
+    "window_attention",
+    "window_weights",
+    "window_step",
     "linear_attention",
     "linear_attention_step",
     "linear_weights",

@@ -15,8 +15,8 @@ Forms, all exact:
   chunk      the WY / UT representation (harness.ops.delta_chunk): exact inside chunks of
              chunk_size, S carried across chunks, any T (zero padding: a padded position has
              beta = 0, k = 0 and a = 1, so it writes nothing and leaves S as it is);
-  parallel   the whole sequence as one block: one (T, T) triangular solve, O(T^2 (Dk + Dv))
-             time and O(T^2) memory, no loop at all.
+  parallel   the whole sequence as one block: one (T, T) triangular solve per head,
+             O(T^2 (Dk + Dv)) time and O(T^2) memory, no loop at all.
 The one-token `delta_attention_step` decodes in O(1); `delta_weights` gives the effective
 weights a_ij for analysis. All forms compute in at least float32 with autocast off (the
 triangular solve has no bf16 kernel, and the state is a long product of corrections) and
@@ -93,7 +93,7 @@ def delta_weights(q, k, beta, log_decay=None, rows=None):
 def _parallel(q, k, v, beta, log_decay, s0):
     """The whole sequence as one block (harness.ops.delta_chunk with C = T), no loop."""
     blk = block_factors(q, k, beta, log_decay)
-    w, u = block_corrections(blk, v, beta)
+    w, u = block_corrections(blk, v, beta, many=False)
     if s0 is not None:
         u = u - torch.matmul(w, s0)
     return block_output(blk, q, k, u, s0), block_state(blk.k_out, blk.end_decay, u, s0)
