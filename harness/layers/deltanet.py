@@ -54,6 +54,15 @@ class DeltaNet(Mixer):
         self.norm = HeadNorm(H, self.d_head, "rmsnorm")
         self.hook_beta = HookPoint()  # (B, H, T): the write strength of each step
         self.q_scale = self.d_qk**-0.5
+        nn.init.zeros_(self.beta_proj.weight)  # beta = 1/2 (see reset_decay_parameters)
+
+    @torch.no_grad()
+    def reset_decay_parameters(self) -> None:
+        """The write strength starts at beta = 1/2 for every token (W_beta = 0), as fla's
+        N(0, 0.02) initialisation nearly gives; the model's Xavier init would instead spread it
+        over (0.06, 0.94) by token, leaving some pairs barely written. The model calls this
+        after its generic init."""
+        nn.init.zeros_(self.beta_proj.weight)
 
     def log_decay(self, x: torch.Tensor):
         """(B, H, T) log a_t, or None (a = 1)."""
@@ -100,7 +109,8 @@ class GatedDeltaNet(DeltaNet):
 
     @torch.no_grad()
     def reset_decay_parameters(self) -> None:
-        """Mamba-2's initialisation; the model calls this again after its generic init."""
+        """Mamba-2's initialisation of the decay, and beta = 1/2 (DeltaNet's)."""
+        super().reset_decay_parameters()
         init_scalar_decay(self.dt_bias, self.A_log)
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:

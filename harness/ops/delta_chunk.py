@@ -25,10 +25,11 @@ Every exponent is <= 0 for log decays <= 0 (segment sums, never ratios of cumula
 products), and I + L is unit lower triangular: no loop over positions is needed. A chunk's
 (C, C) inverse is built by exact block inversion, level by level ([[A, 0], [B, D]]^{-1} =
 [[A^{-1}, 0], [-D^{-1} B A^{-1}, D^{-1}]], log2 C levels of batched matmuls over all chunks);
-torch.linalg.solve_triangular would do the same arithmetic, but on CPU it makes one threaded
-LAPACK call per small matrix, which measured 10-100x slower than the matmuls here with two
-threads on a loaded machine. The whole-sequence block (the parallel form, delta_weights) is one
-large system per head, where the library solve is the efficient choice.
+torch.linalg.solve_triangular does the same arithmetic, but on CPU it makes one threaded
+LAPACK call per small matrix: with two threads on cores shared with other processes it ran
+10-100x slower than these matmuls in the same process (with one thread the two were alike).
+The whole-sequence block (the parallel form, delta_weights) is one large system per head,
+where the library solve is the efficient choice.
 
 The chunk form computes W and U' for every chunk at once, then walks the chunks carrying S
 (one pair of batched matmuls per chunk: U_n = U'_n - W_n S_n, S_{n+1} = ...), then the
