@@ -15,6 +15,15 @@ output gate before the output projection. fla also passes v through silu (its co
 activation); here v stays linear, as in every other mixer of the harness, so that comparisons
 between mixers differ only in the state update. Rotary, when on, acts on the projections
 before silu.
+
+Training notes (1-layer interference task, the capacity experiment's quick budget). Every
+write also erases along its key, so the layer has to learn to gate its writes by token: beta
+high at value positions, low at key and query tokens (after 2,000 steps at d = 32: 0.35
+against 0.09 on average). It sits on a longer plateau than elu before it does, and learning
+rate and seed move the exit a lot (lr 1e-2 exits earlier than the default 3e-3). The short
+convolution keeps the harness's bias, which fla's layer does not have: without it, and with
+the Xavier-initialised W_beta, no seed of three left chance within 2,000 steps at lr 3e-3
+(with it, two of two).
 """
 
 from __future__ import annotations
