@@ -97,7 +97,8 @@ class DeltaNet(Mixer):
         return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)
 
     def effective_weights(self, hooks, rows=None) -> torch.Tensor:
-        return ops.delta_weights(hooks["q"], hooks["k"], hooks["beta"], hooks.get("log_decay"), rows=rows)  # (B, H, R, T)
+        # (B, H, R, T)
+        return ops.delta_weights(hooks["q"], hooks["k"], hooks["beta"], hooks.get("log_decay"), rows=rows)
 
     @classmethod
     def probe_memory(cls, d: int, seed: int) -> ProbeMemory:

@@ -58,7 +58,8 @@ class Block(NamedTuple):
 
 
 def block_factors(q: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, x: Optional[torch.Tensor]) -> Block:
-    """The factors of the module docstring for blocks q, k (..., C, Dk), beta (..., C), log decays x (..., C) or None."""
+    """The factors of the module docstring for blocks q, k (..., C, Dk), beta (..., C) and log
+    decays x (..., C) or None."""
     c = q.shape[-2]
     if x is None:
         decay = torch.ones(c, c, dtype=q.dtype, device=q.device).tril()  # (C, C)
@@ -109,7 +110,8 @@ def solve_unit_lower(lower: torch.Tensor, rhs: torch.Tensor, *, left: bool = Tru
     return torch.linalg.solve_triangular(lower, rhs, upper=False, left=left, unitriangular=True)
 
 
-def block_corrections(blk: Block, v: torch.Tensor, beta: torch.Tensor, *, many: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def block_corrections(blk: Block, v: torch.Tensor, beta: torch.Tensor, *,
+                      many: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(W, U') of the module docstring: (..., C, Dk) and (..., C, Dv), one triangular solve:
     the block inverse for many small systems (chunks), the library's for one per head."""
     dk = blk.k_in.shape[-1]
