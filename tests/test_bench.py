@@ -104,7 +104,7 @@ def test_command_line_writes_json_and_a_table(tmp_path):
     result = json.loads(out.read_text())
     assert {r["family"] for r in result["rows"]} == {"linear", "decay_scalar"}
     assert result["summary"]["decode"] is None and result["summary"]["loop"] is None
-    assert "MALLOC_MMAP_THRESHOLD_" in result["env"]["allocator_env"]  # the re-executed process
+    assert result["env"]["allocator"]["configured"]  # set by importing harness, as in any user's process
 
 
 @pytest.mark.parametrize("model,family,d_key", [("elu", "linear", 8), ("mamba", "decay_per_dim", 8),

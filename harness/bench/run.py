@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.allocator import allocator_state
 from harness.bench import cases as C
 from harness.bench import report
 from harness.bench.decode import DECODE_FAMILIES, decode_times
@@ -191,8 +192,9 @@ def env_summary(device: torch.device) -> dict[str, Any]:
 
     info = env_info(str(device))
     info["threads"] = torch.get_num_threads()
+    info["allocator"] = allocator_state()  # what importing harness set (harness.allocator)
     info["allocator_env"] = {k: os.environ[k] for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                                                       "THP_MEM_ALLOC_ENABLE") if k in os.environ}
+                                                       "THP_MEM_ALLOC_ENABLE", "HARNESS_MALLOC") if k in os.environ}
     info["argv"] = sys.argv
     if device.type == "cpu":
         try:
