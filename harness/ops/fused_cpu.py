@@ -5,11 +5,11 @@ through main memory once per product; on a CPU that traffic, not the arithmetic,
 speed. The fused kernels walk each sequence chunk by chunk in one thread (the sequences in
 parallel), so a chunk's q, k, v stay in cache through all of its products: the same
 mathematics, with the batched forms as the oracles of their tests. Their autograd Functions
-sit beside the batched ones (LinearChunkCPU, DecayChunkCPU).
+sit beside the batched ones (LinearChunkCPU; DecayChunkCPU for scalar and per-dimension gates).
 
 The extension is compiled with torch.utils.cpp_extension (about half a minute, cached in
 ~/.cache/torch_extensions) by scripts/setup.sh, or else on first use, and runs for float32 and
-float64 CPU inputs (the decayed form: scalar gates). Where it cannot be built or loaded (no
+float64 CPU inputs. Where it cannot be built or loaded (no
 compiler, a torch without its bundled MKL) the batched forms run instead, after one warning.
 ``set_fused_cpu(False)`` or HARNESS_FUSED_CPU=0 turns it off.
 """
