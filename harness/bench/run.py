@@ -235,6 +235,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
         "memory_exponent": report.memory_exponents(rows),
         "decode": None,
         "loop": None,
+        "extras": None,
     }
     if cfg.decode and in_time():
         fams = tuple(f for f in DECODE_FAMILIES if f in cfg.families)
@@ -250,6 +251,13 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
         summary["loop"] = loop_efficiency(cfg.loop_overrides, steps=cfg.loop_steps, rounds=cfg.loop_rounds,
                                           device=cfg.device)
         log(f"[bench] training loop: {time.perf_counter() - start:.1f} s")
+    if cfg.loop and in_time():
+        from harness.bench.loop import extras_ratio
+
+        start = time.perf_counter()
+        summary["extras"] = extras_ratio(cfg.loop_overrides, steps=cfg.loop_steps, rounds=cfg.loop_rounds,
+                                         device=cfg.device)
+        log(f"[bench] extras ratio: {time.perf_counter() - start:.1f} s")
     summary["targets"] = report.targets(summary)
     summary["wall_time_s"] = time.time() - started
     return {"schema": 1, "kind": "bench", "config": asdict(cfg), "env": env_summary(device),
@@ -259,4 +267,6 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
                                "1024^3 float32 GEMM measured in the same run)",
                 "crossover": "shortest measured T from which the chunk form is faster than the parallel form",
                 "decode growth": "one step at the longest context / one step at the shortest",
-                "loop efficiency": "steps/s of harness.train.loop.train / steps/s of bare forward+backward+optimizer"}}
+                "loop efficiency": "steps/s of harness.train.loop.train / steps/s of bare forward+backward+optimizer",
+                "extras ratio": "steps/s of the plain loop (model.short_conv=false, no fault watch, no clipping) / "
+                                "steps/s of harness.train.loop.train, same data, optimizer and schedule"}}

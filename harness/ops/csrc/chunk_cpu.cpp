@@ -773,6 +773,8 @@ std::vector<torch::Tensor> gated_backward(torch::Tensor q, torch::Tensor k, torc
   return {dq, dkk, dvv, dx, ds0};
 }
 
+void register_conv(pybind11::module& m);  // csrc/conv_cpu.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "fused CPU chunk form of linear attention (forward)");
   m.def("backward", &backward, "fused CPU chunk form of linear attention (backward)");
@@ -780,4 +782,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decay_backward", &decay_backward, "fused CPU chunk form of scalar-decayed attention (backward)");
   m.def("gated_forward", &gated_forward, "fused CPU chunk form of attention with per-dimension gates (forward)");
   m.def("gated_backward", &gated_backward, "fused CPU chunk form of attention with per-dimension gates (backward)");
+  register_conv(m);
 }
