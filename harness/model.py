@@ -64,6 +64,7 @@ class ModelConfig:
     norm: str = "layernorm"  # block norms: layernorm | rmsnorm
     tie_embeddings: bool = False  # share the input embedding with the output head
     decay: Optional[float] = None  # retnet: one gamma in (0, 1) for all heads; None: 1 - 2^(-5-h)
+    window: Optional[int] = None  # swa: keys each query sees (its KV cache); None: the mixer's default
     # Keyword arguments of an outside mixer's constructor, any keys (model.options.window=8 from
     # the command line needs no '+': the node is created open, not struct, in the schema).
     options: Any = field(default_factory=open_mapping)
@@ -78,6 +79,9 @@ def validate(cfg: ModelConfig) -> None:
         checks.integer(f"model.{field}", getattr(cfg, field))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
     checks.integer("model.favor_features", cfg.favor_features, nullable=True)
+    checks.integer("model.window", cfg.window, nullable=True)
+    if cfg.window is not None and not getattr(registry.resolve(cfg.name), "takes_window", False):
+        checks.fail("model.window", f"null for model.name={cfg.name} (a sliding window is model=swa's)", cfg.window)
     if cfg.d_model % cfg.n_heads:
         checks.fail("model.n_heads", f"a divisor of model.d_model={cfg.d_model}", cfg.n_heads)
     checks.choice("model.form", cfg.form, FORMS)

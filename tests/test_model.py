@@ -14,7 +14,7 @@ from harness.layers import builtin_names, resolve
 from harness.model import LanguageModel, ModelConfig, validate
 
 VOCAB, MAX_T = 20, 32
-LINEAR_FAMILIES = ["linear", "elu", "favor", "taylor", "retnet", "mamba"]
+LINEAR_FAMILIES = ["linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet", "gated_deltanet"]
 
 # Every mixer once, plus the options that change its computation.
 VARIANTS = [
@@ -28,6 +28,8 @@ VARIANTS = [
     dict(name="softmax", qk_dim=4, rotary=True),
     dict(name="retnet", qk_dim=4),
     dict(name="mamba", gate="per_dim", qk_dim=4),
+    dict(name="gated_deltanet", qk_dim=4, rotary=True),
+    dict(name="swa", window=5),  # T = 21 spans several windows
 ]
 
 
@@ -125,8 +127,10 @@ def test_hooks_do_not_change_outputs(variant):
         after = model(x)
     assert torch.equal(before, during) and torch.equal(before, after)
     names = {"hook_q_raw", "hook_k_raw", "hook_q", "hook_k", "hook_v", "hook_out"}
-    if variant["name"] in ("retnet", "mamba"):
+    if variant["name"] in ("retnet", "mamba", "gated_deltanet"):
         names.add("hook_log_decay")
+    if variant["name"] in ("deltanet", "gated_deltanet"):
+        names.add("hook_beta")
     for layer in range(2):
         for n in names:
             assert f"layers.{layer}.mixer.{n}" in cache
@@ -156,13 +160,18 @@ def test_key_dimension_and_state_accounting():
     assert build(name="favor", favor_features=12).d_key == 12
     assert build(name="retnet").d_key == d
     layers_heads = 2 * 2
-    for name, normalize in [("elu", True), ("taylor", True), ("retnet", False), ("mamba", False)]:
+    for name, normalize in [("elu", True), ("taylor", True), ("retnet", False), ("mamba", False),
+                            ("deltanet", False), ("gated_deltanet", False)]:
         model = build(name=name)
         assert model.state_size() == layers_heads * ops.state_elements(model.d_key, d, normalize=normalize)
         assert model.state_size(10) == model.state_size(1000)  # fixed-size states
     softmax = build(name="softmax")
     assert softmax.state_size() == layers_heads * ops.kv_cache_elements(MAX_T, d)
     assert softmax.state_size(10) == layers_heads * ops.kv_cache_elements(10, d)  # grows with the length
+    swa = build(name="swa", window=6)  # the window's KV cache: 2 W d per head, once the sequence fills it
+    assert swa.state_size() == swa.state_size(1000) == layers_heads * 2 * 6 * d
+    assert swa.state_size(4) == layers_heads * 2 * 4 * d
+    assert build(name="swa").layers[0].mixer.window == 32  # the default window
 
 
 def test_parameters_and_init():
@@ -182,13 +191,19 @@ def test_parameters_and_init():
         assert abs(w.std().item() - math.sqrt(2 / sum(w.shape))) < 0.1 * math.sqrt(2 / sum(w.shape))
 
 
-def test_decay_initialisation():
+@pytest.mark.parametrize("name", ["mamba", "gated_deltanet"])
+def test_decay_initialisation(name):
+    """Mamba-2's: dt = softplus(dt_bias) in [1e-3, 1e-1] and A = exp(A_log) in [1, 16], spread over
+    the range (not collapsed by the model's generic init)."""
     torch.manual_seed(0)
-    mamba = LanguageModel(ModelConfig(name="mamba", d_model=64, n_heads=16), VOCAB, MAX_T).layers[0].mixer
-    dt = torch.nn.functional.softplus(mamba.dt_bias)
-    assert ((dt >= 1e-3 * 0.999) & (dt <= 1e-1 * 1.001)).all()
-    A = torch.exp(mamba.A_log)
-    assert ((A >= 1) & (A <= 16)).all()
+    mixer = LanguageModel(ModelConfig(name=name, d_model=64, n_heads=16), VOCAB, MAX_T).layers[0].mixer
+    dt = torch.nn.functional.softplus(mixer.dt_bias)
+    assert ((dt >= 1e-3 * 0.999) & (dt <= 1e-1 * 1.001)).all() and dt.max() / dt.min() > 10
+    A = torch.exp(mixer.A_log)
+    assert ((A >= 1) & (A <= 16)).all() and A.max() - A.min() > 5
+
+
+def test_retnet_initialisation():
     retnet = LanguageModel(ModelConfig(name="retnet", d_model=16, n_heads=4), VOCAB, MAX_T).layers[0].mixer
     gammas = torch.exp(retnet.log_gamma)
     assert torch.allclose(gammas, 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64)))
@@ -245,7 +260,8 @@ def test_sequence_longer_than_max_raises():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(name="gpt"), "unknown model.name 'gpt'; valid: elu, favor, linear, mamba, retnet, softmax, taylor, or a dotted path"),
+        (dict(name="gpt"), "unknown model.name 'gpt'; valid: deltanet, elu, favor, gated_deltanet, linear, mamba, "
+                           "retnet, softmax, swa, taylor, or a dotted path"),
         (dict(d_model=30, n_heads=4), r"model.n_heads must be a divisor of model.d_model=30, got 4"),
         (dict(d_model=0), "model.d_model must be a positive integer, got 0"),
         (dict(n_layers=-1), "model.n_layers must be a positive integer"),
@@ -259,6 +275,8 @@ def test_sequence_longer_than_max_raises():
         (dict(favor_features=0), "model.favor_features must be a positive integer or null"),
         (dict(decay=1.0), r"model.decay must be a number in \(0, 1\) or null, got 1.0"),
         (dict(decay=0.0), "model.decay must be a number in"),
+        (dict(name="swa", window=0), "model.window must be a positive integer or null, got 0"),
+        (dict(name="elu", window=4), r"model.window must be null for model.name=elu \(a sliding window is model=swa's\)"),
         (dict(short_conv="yes"), "model.short_conv must be true or false"),
         (dict(name="softmax", d_model=6, n_heads=2, rotary=True), "model.rotary=true needs an even q/k"),
     ],

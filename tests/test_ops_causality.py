@@ -74,6 +74,25 @@ def test_decay_attention_is_causal(kind, form, cut):
     assert_prefix_equal(o, o2, cut)
 
 
+@pytest.mark.parametrize("gated,form,cut", list(itertools.product((False, True), FORMS, CUTS)))
+def test_delta_attention_is_causal(gated, form, cut):
+    q, q2 = pair(17, (1, 2, T, D))
+    k, k2 = (torch.nn.functional.normalize(x, dim=-1) for x in pair(18, (1, 2, T, D)))
+    v, v2 = pair(19, (1, 2, T, DV))
+    beta, beta2 = (torch.sigmoid(x) for x in pair(20, (1, 2, T)))
+    ld, ld2 = (-torch.rand(1, 2, T, generator=torch.Generator().manual_seed(s), dtype=F64) for s in (21, 22))
+    if not gated:
+        ld = ld2 = None
+    o = ops.delta_attention(q, k, v, beta, ld, form=form, chunk_size=CHUNK)
+    o2 = ops.delta_attention(perturb(q, q2, cut), perturb(k, k2, cut), perturb(v, v2, cut), perturb(beta, beta2, cut),
+                             None if ld is None else perturb(ld, ld2, cut), form=form, chunk_size=CHUNK)
+    assert_prefix_equal(o, o2, cut)
+    w = ops.delta_weights(q, k, beta, ld)
+    w2 = ops.delta_weights(perturb(q, q2, cut), perturb(k, k2, cut), perturb(beta, beta2, cut),
+                           None if ld is None else perturb(ld, ld2, cut))
+    assert_prefix_equal(w, w2, cut)
+
+
 @pytest.mark.parametrize("cut", CUTS)
 def test_softmax_is_causal(cut):
     q, q2 = pair(10, (1, 2, T, D))
@@ -82,6 +101,10 @@ def test_softmax_is_causal(cut):
     qp, kp, vp = perturb(q, q2, cut), perturb(k, k2, cut), perturb(v, v2, cut)
     assert_prefix_equal(ops.softmax_attention(q, k, v), ops.softmax_attention(qp, kp, vp), cut)
     assert_prefix_equal(ops.softmax_weights(q, k), ops.softmax_weights(qp, kp), cut)
+    for window in (1, 7, CHUNK):
+        assert_prefix_equal(ops.window_attention(q, k, v, window), ops.window_attention(qp, kp, vp, window), cut)
+    for window in (7, CHUNK):  # (W = 1 weights are the identity: nothing to change in the future)
+        assert_prefix_equal(ops.window_weights(q, k, window), ops.window_weights(qp, kp, window), cut)
 
 
 def test_weight_rows_are_causal():

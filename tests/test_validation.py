@@ -23,7 +23,7 @@ CASES = [
     (["+trainer.extra=1"], "trainer.extra", "unknown key"),
     (["task=induction", "task.num_pairs=3"], "task.num_pairs", "unknown key"),
     (["~probe"], "probe", "missing key 'probe'"),
-    (["model=transformerxl"], "model", "unknown model 'transformerxl'; valid: elu, favor"),
+    (["model=transformerxl"], "model", "unknown model 'transformerxl'; valid: deltanet, elu, favor"),
     (["task=nope"], "task", "unknown task 'nope'; valid: induction, interference, recall"),
     (["mode=eval"], "mode", "valid: train, probe, cost"),
     (["trainer.precision=fp8"], "trainer.precision", "'fp8'; valid: fp32, bf16"),
@@ -66,6 +66,8 @@ CASES = [
     (["model=favor", "model.favor_features=0"], "model.favor_features", "integer or null, got 0"),
     (["model=retnet", "model.decay=1.5"], "model.decay", "must be a number in (0, 1) or null, got 1.5"),
     (["model=retnet", "model.decay=0"], "model.decay", "in (0, 1) or null, got 0.0"),
+    (["model=swa", "model.window=0"], "model.window", "must be a positive integer or null, got 0"),
+    (["model=softmax", "model.window=8"], "model.window", "null for model.name=softmax"),
     (["model.eps=0"], "model.eps", "must be a positive number, got 0.0"),
     (["model.dropout=1"], "model.dropout", "must be a number in [0, 1), got 1.0"),
     (["model.qk_dim=0"], "model.qk_dim", "positive integer or null"),
@@ -127,7 +129,8 @@ def test_bad_value_is_one_line_before_any_work(precheck, overrides, key, fragmen
 
 def test_unknown_choice_names_every_valid_option(precheck):
     _, lines, _ = precheck(["model=nope"])
-    for name in ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba"):
+    for name in ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet", "gated_deltanet",
+                 "swa"):
         assert name in lines[0]
 
 
@@ -135,8 +138,24 @@ def test_unknown_choice_names_every_valid_option(precheck):
     ["trainer.device=" + ("cuda:0" if torch.cuda.is_available() else "cpu"), "trainer.ckpt_every=null",
      "trainer.grad_clip=0"],
     ["model=retnet", "model.decay=0.9"],
+    ["model=swa", "model.window=1"],
     ["mode=cost", "model=softmax", "cost.forms=[chunk,parallel]"],
 ])
 def test_edge_values_pass_the_precheck(overrides):
     """Values at the edge of what is allowed compose and validate without error."""
     compose_config([*overrides, "logger=none"])
+
+
+def test_window_leaves_the_hashes_of_existing_runs_unchanged():
+    """model.window (added after results were first written) stays out of the hash while null."""
+    from omegaconf import OmegaConf
+
+    from harness.outputs.results import config_hash, flat_config, hashed_items
+
+    cfg = compose_config(["logger=none"])
+    assert flat_config(cfg)["model.window"] is None and "model.window" not in hashed_items(flat_config(cfg))
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    del tree["model"]["window"]  # the config as it was before the field existed
+    assert config_hash(tree) == config_hash(cfg)
+    swa = compose_config(["model=swa", "logger=none"])
+    assert hashed_items(flat_config(swa))["model.window"] == 32

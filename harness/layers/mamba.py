@@ -31,6 +31,43 @@ A_MIN, A_MAX = 1.0, 16.0
 GLA_GATE_TEMPERATURE = 16.0
 
 
+# Mamba-2's scalar decay per head, shared with the gated delta rule (harness.layers.deltanet).
+
+@torch.no_grad()
+def init_scalar_decay(dt_bias: torch.Tensor, A_log: torch.Tensor) -> None:
+    """Mamba-2's initialisation, in place: softplus(dt_bias) log-uniform in [DT_MIN, DT_MAX],
+    exp(A_log) uniform in [A_MIN, A_MAX], one value per head."""
+    H = dt_bias.numel()
+    dt = torch.exp(torch.empty(H).uniform_(math.log(DT_MIN), math.log(DT_MAX)))
+    dt_bias.copy_(inverse_softplus(dt))
+    A_log.copy_(torch.log(torch.empty(H).uniform_(A_MIN, A_MAX)))
+
+
+def scalar_log_decay(dt_logits: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor):
+    """(log a, dt), both (B, H, T), of dt_logits = x W_dt (B, T, H): dt = softplus(x W_dt + b_dt),
+    log a = dt * A with A = -exp(A_log) < 0. In at least float32 (decays are summed over many
+    steps: never bf16 under autocast)."""
+    dtype = torch.promote_types(dt_logits.dtype, torch.float32)
+    dt = F.softplus(dt_logits.to(dtype) + dt_bias.to(dtype)).transpose(1, 2)  # (B, H, T)
+    A = -torch.exp(A_log.to(dtype))  # (H,)
+    return dt * A[None, :, None], dt
+
+
+def scalar_decay_draws(seed: int):
+    """The probe's stand-in for a scalar decay at initialisation: A = -uniform(A_MIN, A_MAX), one
+    draw per seed, dt log-uniform in [DT_MIN, DT_MAX] per token (an independent draw stands in
+    for the input dependence of dt). Returns decay(shape, gen) -> (log a, dt), float64."""
+    gen = torch.Generator().manual_seed(seed)
+    A = float(torch.empty(1, dtype=torch.float64).uniform_(A_MIN, A_MAX, generator=gen))
+
+    def decay(shape, gen):
+        lo, hi = math.log(DT_MIN), math.log(DT_MAX)
+        dt = torch.exp(torch.empty(*shape, dtype=torch.float64).uniform_(lo, hi, generator=gen))
+        return -A * dt, dt
+
+    return decay
+
+
 @register("mamba")
 class GatedDecay(Mixer):
     family = "decay"
@@ -58,22 +95,17 @@ class GatedDecay(Mixer):
     def reset_decay_parameters(self) -> None:
         """Mamba-2 / GLA initialisation; the model calls this again after its generic init."""
         if self.gate == "scalar":
-            H = self.n_heads
-            dt = torch.exp(torch.empty(H).uniform_(math.log(DT_MIN), math.log(DT_MAX)))
-            self.dt_bias.copy_(inverse_softplus(dt))
-            self.A_log.copy_(torch.log(torch.empty(H).uniform_(A_MIN, A_MAX)))
+            init_scalar_decay(self.dt_bias, self.A_log)
         else:
             # logsigmoid(b)/16 with b ~ U(1, 5): per-step decay between 0.98 and 0.9996
             self.decay_bias.uniform_(1.0, 5.0)
 
     def log_decay(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log_decay, dt): both (B, H, T) for scalar; (B, H, T, D) and None for per_dim."""
+        if self.gate == "scalar":
+            return scalar_log_decay(self.dt_proj(x), self.dt_bias, self.A_log)
         # Decays are summed over many steps: keep them in at least float32 under bf16 autocast.
         dtype = torch.promote_types(x.dtype, torch.float32)
-        if self.gate == "scalar":
-            dt = F.softplus(self.dt_proj(x).to(dtype) + self.dt_bias.to(dtype)).transpose(1, 2)  # (B, H, T)
-            A = -torch.exp(self.A_log.to(dtype))  # (H,)
-            return dt * A[None, :, None], dt
         g = F.logsigmoid(self.decay_proj(x).to(dtype) + self.decay_bias.to(dtype)) / GLA_GATE_TEMPERATURE  # (B, T, H d_qk)
         return split_heads(g, self.n_heads), None  # (B, H, T, D)
 
@@ -103,15 +135,7 @@ class GatedDecay(Mixer):
 
     @classmethod
     def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
-        """Mamba-2's SSD core at its initialisation: A = -uniform(A_MIN, A_MAX), one draw per seed,
-        dt log-uniform in [DT_MIN, DT_MAX] per token (an independent draw stands in for the input
-        dependence of dt); writes scaled by dt, no denominator."""
-        gen = torch.Generator().manual_seed(seed)
-        A = float(torch.empty(1, dtype=torch.float64).uniform_(A_MIN, A_MAX, generator=gen))
-
-        def decay(shape, gen):
-            lo, hi = math.log(DT_MIN), math.log(DT_MAX)
-            dt = torch.exp(torch.empty(*shape, dtype=torch.float64).uniform_(lo, hi, generator=gen))
-            return -A * dt, dt
-
-        return ProbeMemory(read="state", phi_k=identity_map, phi_q=identity_map, d_key=d, decay=decay)
+        """Mamba-2's SSD core at its initialisation (scalar_decay_draws); writes scaled by dt, no
+        denominator."""
+        return ProbeMemory(read="state", phi_k=identity_map, phi_q=identity_map, d_key=d,
+                           decay=scalar_decay_draws(seed))

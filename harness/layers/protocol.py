@@ -15,7 +15,8 @@ them through :class:`Mixer`; an outside mixer declares what it can.
                                                          "delta" (delta-rule state)
   core                        str                        mode=cost and the bench: the
                                                          harness.ops core it runs (softmax,
-                                                         linear, decay_scalar, decay_per_dim)
+                                                         linear, decay_scalar, decay_per_dim,
+                                                         delta, delta_gated, softmax_window)
   d_key, d_head, n_heads      int                        predicted SNR sqrt(d_key / N_eff)
   kernel                      str                        theory.kernel_effective_dim name
                                                          (identity, elu1, favor, taylor, softmax)
@@ -24,7 +25,8 @@ them through :class:`Mixer`; an outside mixer declares what it can.
                                                          (Zoology's convention)
   hook_q, hook_k, hook_v,     HookPoint (harness.hooks)  what measurement reads; hook_q/hook_k
   hook_out, hook_q_raw,                                  are exactly what the op is fed,
-  hook_k_raw, hook_log_decay                             hook_*_raw before any feature map
+  hook_k_raw, hook_log_decay,                            hook_*_raw before any feature map
+  hook_beta
   effective_weights(hooks,    (B, H, R, T) tensor        sharpness and the read-out split
     rows=None)                                           (signal against crosstalk)
   probe_memory(d, seed)       ProbeMemory (classmethod)  mode=probe: the untrained probe
@@ -54,8 +56,10 @@ HOOKS = ("hook_q_raw", "hook_k_raw", "hook_q", "hook_k", "hook_v", "hook_log_dec
 class ProbeMemory(NamedTuple):
     """How the untrained probe (harness.measure.probe) writes random pairs into a mixer's memory.
 
-    read: "state" (S = sum_j lam_j phi(k_j) v_j^T, read through the state) or "softmax"
-    (exact softmax over the stored keys). phi_k / phi_q map (B, c, d) -> (B, c, m); d_key is
+    read: "state" (S = sum_j lam_j phi(k_j) v_j^T, read through the state), "delta" (the
+    delta rule with beta = 1: S_t = a_t (I - k_t k_t^T) S_{t-1} + k_t v_t^T, phi(k) of unit
+    norm, read through the state) or "softmax" (exact softmax over the stored keys; over the
+    last `window` of them when window is set). phi_k / phi_q map (B, c, d) -> (B, c, m); d_key is
     m. normalize: divide the read-out by phi(q).z. decay: None, or a callable
     (shape (B, N), generator) -> (log a (B, N), write scale (B, N) or None) drawing the
     per-step decays of the mixer's initialisation.
@@ -66,6 +70,7 @@ class ProbeMemory(NamedTuple):
     d_key: int = 0
     normalize: bool = False
     decay: Optional[Callable] = None
+    window: Optional[int] = None
 
 
 def identity_map(x: torch.Tensor) -> torch.Tensor:
@@ -101,6 +106,7 @@ class Mixer(nn.Module):
       hook_q, hook_k          exactly what is fed to the op (feature-mapped for kernel mixers)
       hook_v                  values as fed to the op (dt-scaled for mamba)
       hook_log_decay          decay mixers only: (B, H, T) or (B, H, T, Dk)
+      hook_beta               delta-rule mixers only: (B, H, T) write strengths
       hook_out                the op's read-out, before per-head norm, gate and output projection
 
     Subclasses set `family`, `core` and `kernel`, set `d_key` when a feature map changes the

@@ -35,6 +35,13 @@ How each mixer reads (a_ij are the effective weights, o_i = sum_j a_ij v_j).
            k_t (dt_t v_t)^T, A = -uniform(1, 16) drawn once per seed, dt_t log-uniform in
            [1e-3, 1e-1] per token (Mamba-2's initial distributions, the input dependence of dt
            stood in for by an independent draw per token); no denominator.
+  deltanet the delta rule with beta = 1 on unit keys (k / |k|): S_t = (I - k_t k_t^T) S_{t-1} +
+           k_t v_t^T, written in order through ops.delta_attention (chunk form) and read after
+           the last write; a_ii from the same op run backwards over the keys (_read_delta).
+  gated_deltanet  the same with Mamba-2's scalar decay in front of S_{t-1} (the draws of mamba,
+           writes not scaled by dt).
+  swa      softmax over the last W = 32 stored keys only (the default window): a pair written
+           earlier has left the KV cache, its read has signal 0.
 
 What is measured (per read i, target i).
   signal_i = a_ii v_i, noise_i = o_i - signal_i.
@@ -54,7 +61,13 @@ What is predicted (harness.measure.theory).
     states (lambda = survival weights), N - 1 otherwise.
   d_kernel, snr_kernel, acc_kernel = the same with d_eff replaced by the kernel's effective
     dimension (theory.kernel_effective_dim): what positive features and softmax actually give.
-    NaN for favor.
+    NaN for favor. For the delta rule these columns are the additive state's law at the same d
+    (and decay): what the correction is compared against.
+  For the delta rule (deltanet, gated_deltanet) snr_predicted and acc_predicted come from its own
+    law, theory.delta_read_energy: per read, SNR_i^2 = E a_ii^2 / E sum_{j != i} a_ij^2 (exact
+    expectations for random unit keys), aggregated as a ratio of sums; n_eff is the additive
+    count with the same SNR (d / SNR^2) and n_state the signal energy the state holds,
+    sum_i E a_ii^2 (about d / 2 once N >> d).
   acc_from_snr = mean of predicted_accuracy(measured SNR_i): the accuracy model applied to each
     read's measured signal and noise, which checks the noise model on any mixer.
   n_state = theory.state_pairs: decay-weighted pairs held at full weight (N without decay).
@@ -76,6 +89,12 @@ What it shows (default grid, seed 0).
   softmax  SNR ~ exp(sqrt(d) - 1) / sqrt(N), as the kernel predicts; recall 1.0 throughout.
   retnet / mamba  the aggregate SNR keeps the undecayed law (decay moves signal between reads);
            accuracy falls to about the recently written pairs / N, as the per-read law predicts.
+  deltanet SNR as theory.delta_read_energy predicts within ~1% at every N; above the additive
+           law for N < d (d = 128, N = 64: 1.65 against 1.42), equal at N = d, below it past it, where
+           old pairs are overwritten (signal ~ e^{-m/d} after m later writes) and top-1 recall
+           keeps only about the last d pairs (d = 128, N = 512: 0.31 against the additive
+           state's 0.97). The accuracy model runs 0.01-0.03 high at N <= d (it takes the
+           crosstalk as Gaussian over N - 1 pairs; here it comes mostly from the later ones).
 """
 
 from __future__ import annotations
@@ -92,7 +111,8 @@ import torch
 from harness.layers import registry
 from harness.measure import theory
 
-MODELS = ("linear", "elu", "favor", "softmax", "retnet", "mamba")  # probed when none are named
+MODELS = ("linear", "elu", "favor", "softmax", "retnet", "mamba", "deltanet", "gated_deltanet",
+          "swa")  # probed when none are named
 DEFAULT_DS = (32, 64, 128)
 MAX_DEFAULT_N = 16384
 DTYPE = torch.float64                  # old writes of a decayed state sit far below float32's eps
@@ -186,16 +206,54 @@ def _read_through_state(phi_k, phi_q, lam, keys, V, book, idx, *, normalize: boo
     return torch.cat(sig2, 1), torch.cat(noise2, 1), torch.cat(correct, 1)
 
 
-def _read_softmax(keys, V, q_idx, book, idx, *, chunk: int):
-    """Softmax over all N keys for the reads q_idx (B, Q), keys streamed in chunks."""
+def _read_delta(phi_k, log_a, keys, V, book, idx, *, chunk: int):
+    """The delta rule with beta = 1: write every pair in order (ops.delta_attention, chunk form),
+    read every stored key from the final state.
+
+    The signal weight a_ii = lam_i k_i^T P_{i+1} ... P_N k_i (P_t = I - k_t k_t^T; theory,
+    section 4) comes from the same op run backwards over the keys with S_0 = I and nothing
+    written: after the keys k_N, ..., k_{i+1} its state is P_{i+1} ... P_N, and its read-out
+    for the query k_i is P_N ... P_{i+1} k_i. Two O(N d (d + d_v)) passes; no N x N matrix.
+    """
+    from harness import ops
+
     B, N, d = keys.shape
+    k = phi_k(keys)  # (B, N, d), unit rows
+    beta = torch.ones(B, 1, N, dtype=DTYPE, device=keys.device)
+    ld = None if log_a is None else log_a[:, None]  # (B, 1, N)
+    _, S = ops.delta_attention(k[:, None], k[:, None], V[:, None], beta, ld, return_state=True)  # (B, 1, d, d_v)
+    rev = k.flip(1)  # rev[t] = k_{N-1-t}
+    ask = torch.cat([rev[:, 1:], torch.zeros_like(rev[:, :1])], dim=1)  # at t: k_{N-2-t}, the key written before
+    eye = torch.eye(d, dtype=DTYPE, device=keys.device).expand(B, 1, d, d)
+    back = ops.delta_attention(ask[:, None], rev[:, None], torch.zeros_like(rev[:, None]), beta, None,
+                               initial_state=eye)[:, 0]  # (B, N, d): at t = N-2-i, P_N ... P_{i+1} k_i
+    kept = (back * ask).sum(-1)[:, : N - 1].flip(1)  # (B, N-1): i = 0 .. N-2
+    self_w = torch.cat([kept, k[:, -1:].square().sum(-1)], dim=1)  # the newest pair: |k_N|^2
+    if log_a is not None:
+        self_w = self_w * torch.from_numpy(theory.decay_pair_weights(log_a.cpu().numpy())).to(keys.device)
+    sig2, noise2, correct = [], [], []
+    S = S[:, 0]
+    for s in range(0, N, chunk):
+        o = k[:, s : s + chunk] @ S  # (B, c, d_v)
+        noise = o - self_w[:, s : s + chunk, None] * V[:, s : s + chunk]
+        sig2.append(self_w[:, s : s + chunk].square())
+        noise2.append(noise.square().sum(-1))
+        correct.append(_score(o, book, idx[:, s : s + chunk]))
+    return torch.cat(sig2, 1), torch.cat(noise2, 1), torch.cat(correct, 1)
+
+
+def _read_softmax(keys, V, q_idx, book, idx, *, chunk: int, window: Optional[int] = None):
+    """Softmax over all N keys (the last `window` of them if set) for the reads q_idx (B, Q),
+    keys streamed in chunks. A read whose key has left the window has signal 0."""
+    B, N, d = keys.shape
+    first = 0 if window is None else max(0, N - window)  # the oldest key still held
     scale = 1.0 / math.sqrt(d)
     take = lambda x: torch.gather(x, 1, q_idx[..., None].expand(-1, -1, x.shape[-1]))  # noqa: E731
     q = take(keys)  # (B, Q, d)
     m = torch.full(q.shape[:2], -math.inf, dtype=DTYPE, device=keys.device)  # running max
     l = torch.zeros_like(m)  # running sum of exp
     acc = torch.zeros(B, q.shape[1], V.shape[-1], dtype=DTYPE, device=keys.device)  # (B, Q, d_v)
-    for s in range(0, N, chunk):
+    for s in range(first, N, chunk):
         logits = (q @ keys[:, s : s + chunk].transpose(1, 2)) * scale  # (B, Q, c)
         m_new = torch.maximum(m, logits.amax(-1))
         p = torch.exp(logits - m_new[..., None])
@@ -205,6 +263,7 @@ def _read_softmax(keys, V, q_idx, book, idx, *, chunk: int):
         m = m_new
     o = acc / l[..., None]
     self_w = torch.exp((q * q).sum(-1) * scale - m) / l  # (B, Q)
+    self_w = torch.where(q_idx >= first, self_w, torch.zeros_like(self_w))
     noise = o - self_w[..., None] * take(V)  # (B, Q, d_v)
     correct = _score(o, book, torch.gather(idx, 1, q_idx))
     return self_w.square(), noise.square().sum(-1), correct
@@ -249,7 +308,7 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
     idx = torch.randint(candidates, (states, n), generator=gen)  # (B, N)
     V = book[idx]  # (B, N, d_v)
 
-    log_decay_mean = math.nan
+    log_decay_mean, log_a = math.nan, None
     lam = torch.ones(states, n, dtype=DTYPE)  # survival weight of each write at the read
     if memory.decay is not None:
         log_a, scale = memory.decay((states, n), gen)
@@ -258,11 +317,23 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
 
     dev = torch.device(device)
     keys, V, idx, book, lam = (t.to(dev) for t in (keys, V, idx, book, lam))
+    law = None  # expected (signal^2, crosstalk^2) per read where the additive law does not hold
     if memory.read == "softmax":
         q_idx = torch.stack([torch.randperm(n, generator=gen)[:reads_per_state] for _ in range(states)]).to(dev)
-        sig2, noise2, correct = _read_softmax(keys, V, q_idx, book, idx, chunk=chunk)
-        d_eff, lam_read = d, torch.ones(states, n, dtype=DTYPE)
-        read_pairs = np.full(q_idx.shape, n - 1.0)
+        sig2, noise2, correct = _read_softmax(keys, V, q_idx, book, idx, chunk=chunk, window=memory.window)
+        d_eff = d
+        lam_read = torch.ones(states, n, dtype=DTYPE)  # the pairs the memory holds, at full weight
+        if memory.window is not None:
+            lam_read[:, : max(0, n - memory.window)] = 0.0  # a window holds only the last W pairs
+        held = torch.gather(lam_read, 1, q_idx.cpu()).numpy() > 0  # (B, Q): the read's pair is still there
+        read_pairs = np.where(held, lam_read.sum(-1, keepdim=True).numpy() - 1.0, np.inf)
+    elif memory.read == "delta":
+        d_eff = memory.d_key
+        sig2, noise2, correct = _read_delta(memory.phi_k, None if log_a is None else log_a.to(dev), keys, V, book,
+                                            idx, chunk=chunk)
+        lam_read = lam.cpu()
+        read_pairs = theory.crosstalk_pairs(lam_read.numpy())  # the additive state's, for the *_kernel columns
+        law = theory.delta_read_energy(d_eff, lam_read.numpy())
     else:
         d_eff = memory.d_key
         step = max(1, min(chunk, FEATURE_BUDGET // (states * d_eff)))  # bounds (B, step, m) for taylor
@@ -277,10 +348,18 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
     n_eff = float(np.mean(theory.aggregate_pairs(lam_np)))
     pairs = float(np.median(theory.read_participation(lam_np)))  # P: crosstalk pairs behind a read
     d_kernel = theory.kernel_effective_dim(cls.kernel, d) if cls.kernel else math.nan
+    snr_kernel = theory.predicted_snr(d_kernel, n_eff) if not math.isnan(d_kernel) else math.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         snr_read = np.sqrt(sig2 / noise2)
         law_read = np.sqrt(d_eff / read_pairs)
         kernel_read = np.sqrt(d_kernel / read_pairs)
+        snr_predicted = theory.predicted_snr(d_eff, n_eff)
+        n_state = float(np.mean(theory.state_pairs(lam_np)))
+        if law is not None:  # the delta rule: its own law; the *_kernel columns keep the additive one
+            law_read = np.sqrt(law[0] / law[1])
+            snr_predicted = math.sqrt(law[0].sum() / law[1].sum())
+            n_eff = d_eff / snr_predicted**2  # the additive count with the same SNR
+            n_state = float(np.mean(law[0].sum(-1)))  # signal energy held: pairs at full weight
 
     def acc(snr: np.ndarray, dof=None) -> float:
         return float(np.mean(theory.predicted_accuracy(snr.ravel(), candidates, d_v, pairs, dof=dof)))
@@ -289,13 +368,13 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
         "model": model, "d": d, "n": n, "value_dim": d_v, "candidates": candidates,
         "d_eff": int(d_eff), "n_eff": n_eff, "d_kernel": d_kernel,
         "snr_measured": math.sqrt(sig2.sum() / noise2.sum()),
-        "snr_predicted": theory.predicted_snr(d_eff, n_eff),
-        "snr_kernel": theory.predicted_snr(d_kernel, n_eff) if not math.isnan(d_kernel) else math.nan,
+        "snr_predicted": snr_predicted,
+        "snr_kernel": snr_kernel,
         "acc_measured": float(correct.mean()),
         "acc_predicted": acc(law_read),
         "acc_kernel": acc(kernel_read) if not math.isnan(d_kernel) else math.nan,
         "acc_from_snr": acc(snr_read, dof=math.inf),
-        "n_state": float(np.mean(theory.state_pairs(lam_np))), "pairs": pairs,
+        "n_state": n_state, "pairs": pairs,
         "log_decay_mean": log_decay_mean,
         "queries": queries, "states": states, "seed": seed, "time_s": time.time() - started,
     }

@@ -78,6 +78,36 @@ scaled by lambda_j by the time of the read).
    The softmax kernel exp(q.k / sqrt(d)) gives d_kernel ~ exp(2 sqrt(d) - 2), far above d,
    and the Taylor map (1 + s + s^2/2) about d^2 / 15.
 
+4. The delta rule (`delta_read_energy`). DeltaNet writes the correction: with beta = 1 and
+   unit keys, S_t = a_t P_t S_{t-1} + k_t v_t^T, P_t = I - k_t k_t^T, so S_t^T k_t = v_t exactly
+   after each write. Unrolled, S_N = sum_j lam_j (P_N ... P_{j+1}) k_j v_j^T with lam_j the
+   decay after write j (1 without decay), and reading stored key k_i gives
+   a_ij = lam_j k_j^T P_{j+1} ... P_N k_i (the projections are symmetric).
+   Orthonormal keys: every P leaves the other keys alone, a_ij = lam_j delta_ij, so recall is
+   exact (no crosstalk at all) for any N <= d; a (d + 1)-th key cannot be orthogonal to the
+   others and breaks it.
+   Random unit keys (uniform on the sphere, independent): exact expectations, derived here.
+   With gamma = 1 - 1/d (E|P x|^2 = gamma |x|^2 for a random P) and m = N - 1 - i the writes
+   after i (0-based):
+     signal   E a_ii^2 = lam_i^2 s(m),   s(m) = (1 - 1/d) alpha^m + gamma^m / d,
+              alpha = 1 - 2 (d + 1) / (d (d + 2)); from the closed recursion of
+              E (k_i.x)^2 and E|x|^2 under x -> P x (E (k.a)^2 (k.b)^2 = (|a|^2|b|^2 +
+              2 (a.b)^2) / (d (d + 2)) for a uniform unit k). So E a_ii ~ gamma^m ~ e^{-m/d}:
+              each later random write erases a share 1/d of an old pair.
+     later    j > i: E a_ij^2 = lam_j^2 gamma^(N-1-j) / d (k_j is independent of what the later
+              projections make of k_i);
+     earlier  j < i: E a_ij^2 = lam_j^2 gamma^(i-1-j) (gamma^m - s(m)) / d: only the part of
+              k_i that the later writes rotated away from k_i still meets the older pairs.
+   Without decay the crosstalk sums to E sum_{j != i} a_ij^2 = 1 - s(m) - gamma^(i-1)(gamma^m - s(m))
+   (from the exact identity sum_j a_ij^2 + |P_1 ... P_N k_i|^2 = 1). For N << d this is
+   m / d to first order: a pair sees crosstalk only from the pairs written after it (the
+   additive state: (N - 1) / d from all of them), so the aggregate SNR is about sqrt(2 d / N),
+   sqrt(2) above the additive law. For N >> d the state is full (|S|_F^2 -> d) and acts as an
+   exponential memory of horizon ~ d writes: the newest pairs are read almost exactly, old
+   ones are overwritten, and top-1 recall (section 2, per-read SNR^2 = E a_ii^2 / E noise^2)
+   covers about the last ~d pairs, against the additive state's ~d d_v / (2 ln C) pairs of
+   partial recall. The probe (mode=probe model=deltanet) holds both against simulation.
+
 Key convention (the probe's and the mixers'): keys uniform on the sphere of radius sqrt(d)
 (unit-variance coordinates, as after a norm layer); softmax scores them with 1/sqrt(d); the
 exp-approximating maps (favor, taylor) see k / d^(1/4), so their product carries the same
@@ -90,7 +120,7 @@ import functools
 import math
 
 import numpy as np
-from scipy import integrate, interpolate, optimize, special, stats
+from scipy import integrate, interpolate, optimize, signal, special, stats
 
 EXPLANATION = (
     "SNR = sqrt(d_eff / N_eff) predicts the error of the read vector: each of the N_eff other "
@@ -389,3 +419,39 @@ def recall_capacity(d_eff: float, value_dim: int, candidates: int, accuracy: flo
     if gap(lo) < 0:
         return 2.0
     return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-4))
+
+
+# --------------------------------------------------------------------------------------------
+# The delta rule with beta = 1 and random unit keys (module docstring, section 4).
+
+
+def delta_signal_sq(d: int, m):
+    """s(m) = E (k^T P_1 ... P_m k)^2 for a unit key k and m projections P = I - k' k'^T off
+    independent random unit keys k' in R^d: (1 - 1/d) alpha^m + gamma^m / d."""
+    m = np.asarray(m, dtype=np.float64)
+    gamma = 1.0 - 1.0 / d
+    alpha = 1.0 - 2.0 * (d + 1) / (d * (d + 2))
+    return (1.0 - 1.0 / d) * alpha**m + gamma**m / d
+
+
+def delta_read_energy(d: int, weights):
+    """Expected (signal^2, crosstalk^2) of reading every stored key of a delta-rule state.
+
+    N unit keys uniform on the sphere in R^d written with beta = 1, unit values, state read
+    after the last write. weights: (..., N) survival weights lam_j (ones: no decay; for a decay
+    a_t, lam_j = prod_{s>j} a_s, theory.decay_pair_weights). Returns two (..., N) arrays:
+    E a_ii^2 and E sum_{j != i} a_ij^2 (the module docstring's section 4), in O(N).
+    """
+    lam2 = np.asarray(weights, dtype=np.float64) ** 2
+    n = lam2.shape[-1]
+    gamma = 1.0 - 1.0 / d
+    later_count = np.arange(n - 1, -1, -1, dtype=np.float64)  # m_i = N - 1 - i
+    s_m = delta_signal_sq(d, later_count)
+    # later_i = (1/d) sum_{j > i} lam_j^2 gamma^(N-1-j): suffix sums, every term <= 1
+    fresh = lam2 * gamma**later_count
+    later = (np.cumsum(fresh[..., ::-1], axis=-1)[..., ::-1] - fresh) / d
+    # older_i = sum_{j < i} lam_j^2 gamma^(i-1-j): the recursion E_{i+1} = gamma E_i + lam_i^2
+    run = signal.lfilter([1.0], [1.0, -gamma], lam2, axis=-1)  # sum_{j <= i} lam_j^2 gamma^(i-j)
+    older = np.concatenate([np.zeros_like(run[..., :1]), run[..., :-1]], axis=-1)
+    earlier = older * (gamma**later_count - s_m) / d
+    return lam2 * s_m, later + earlier

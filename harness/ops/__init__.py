@@ -1,31 +1,42 @@
 """Mixer cores as pure functions on tensors laid out (batch, heads, time, dim).
 
-Three families — softmax, linear (kernel) and decayed/gated linear attention — each with a
-parallel, a recurrent and a chunk form, a one-token step for decoding, the effective
+Four families — softmax, linear (kernel), decayed/gated linear attention and the (gated) delta
+rule — each with a parallel, a recurrent and a chunk form (softmax: the fused and the banded
+sliding-window kernels instead), a one-token step for decoding, the effective
 attention weights for analysis, and a naive loop reference the fast forms are tested against.
 """
 
 from .decay import decay_attention, decay_attention_step, decay_weights
+from .delta import delta_attention, delta_attention_step, delta_weights
 from .guards import finite_checks_enabled, floor_denominator, set_finite_checks
 from .linear import linear_attention, linear_attention_step, linear_weights
 from .fused_cpu import fused_cpu_enabled, set_fused_cpu
-from .naive import naive_decay_attention, naive_linear_attention, naive_softmax_attention
-from .softmax import softmax_attention, softmax_step, softmax_weights
+from .naive import (naive_decay_attention, naive_delta_attention, naive_linear_attention,
+                    naive_softmax_attention)
+from .softmax import (softmax_attention, softmax_step, softmax_weights, window_attention, window_step,
+                      window_weights)
 from .state import attention_matrix_elements, kv_cache_elements, kv_crossover, state_elements
 
 __all__ = [
     "softmax_attention",
     "softmax_weights",
     "softmax_step",
+    "window_attention",
+    "window_weights",
+    "window_step",
     "linear_attention",
     "linear_attention_step",
     "linear_weights",
     "decay_attention",
     "decay_attention_step",
     "decay_weights",
+    "delta_attention",
+    "delta_attention_step",
+    "delta_weights",
     "naive_softmax_attention",
     "naive_linear_attention",
     "naive_decay_attention",
+    "naive_delta_attention",
     "state_elements",
     "kv_cache_elements",
     "kv_crossover",

@@ -15,17 +15,19 @@ import torch
 from .guards import check_eps, check_finite_denominator, floor_denominator
 
 
-def naive_softmax_attention(q, k, v, *, causal=True, scale=None):
-    """o_i = sum_j exp(s q_i.k_j) v_j / sum_j exp(s q_i.k_j), j <= i when causal."""
+def naive_softmax_attention(q, k, v, *, causal=True, scale=None, window=None):
+    """o_i = sum_j exp(s q_i.k_j) v_j / sum_j exp(s q_i.k_j), j <= i when causal, and
+    j > i - window as well for a sliding window (window=None: no window)."""
     t = q.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     outs = []
     for i in range(t):
         n = i + 1 if causal else t
-        logits = (q[:, :, i, None] * k[:, :, :n]).sum(-1) * scale  # (B, H, n)
+        first = 0 if window is None else max(0, i - window + 1)
+        logits = (q[:, :, i, None] * k[:, :, first:n]).sum(-1) * scale  # (B, H, n - first)
         w = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
         w = w / w.sum(dim=-1, keepdim=True)
-        outs.append((w.unsqueeze(-1) * v[:, :, :n]).sum(2))
+        outs.append((w.unsqueeze(-1) * v[:, :, first:n]).sum(2))
     return torch.stack(outs, dim=2)
 
 
@@ -102,3 +104,25 @@ def naive_decay_attention(q, k, v, log_decay, *, initial_state=None, return_stat
     if s0 is not None:
         s = s + dec0.unsqueeze(-1) * s0
     return o, s
+
+
+def naive_delta_attention(q, k, v, beta, log_decay=None, *, initial_state=None, return_state=False):
+    """The delta rule as defined, one token at a time: S' = a_t S_{t-1},
+    S_t = S' + k_t (beta_t (v_t - S'^T k_t))^T, o_t = S_t^T q_t, a_t = exp(log_decay_t) (1 if None).
+
+    Unlike the references above this one carries the state: the delta rule is defined by its
+    update (each write depends on what the state returned before it), and its closed form
+    (harness.ops.delta_weights) is one of the things tested against this loop.
+    """
+    b, h, t, dk = q.shape
+    s = initial_state if initial_state is not None else q.new_zeros(b, h, dk, v.shape[-1])
+    outs = []
+    for i in range(t):
+        if log_decay is not None:
+            s = torch.exp(log_decay[:, :, i])[:, :, None, None] * s  # S' = a_i S_{i-1}
+        k_i = k[:, :, i]
+        correction = beta[:, :, i, None] * (v[:, :, i] - torch.einsum("bhk,bhkv->bhv", k_i, s))
+        s = s + torch.einsum("bhk,bhv->bhkv", k_i, correction)
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, i], s))
+    o = torch.stack(outs, dim=2)
+    return (o, s) if return_state else o

@@ -1,8 +1,15 @@
-"""Exact softmax attention: the reference mixer.
+"""Exact softmax attention: the reference mixer, and its sliding-window (banded) form.
 
 ``softmax_attention`` runs PyTorch's fused kernel (never materialising the (T, T) matrix
 where a flash/memory-efficient backend exists); ``softmax_weights`` builds the matrix for
 analysis; ``softmax_step`` decodes one token against a growing KV cache.
+
+Sliding window of W: query i sees the keys j with i - W < j <= i (itself and the W - 1 before
+it), so its KV cache never holds more than W keys and values. ``window_attention`` cuts T into
+blocks of W; each block's queries attend to their own block and the one before it through
+one fused scaled_dot_product_attention call with a (W, 2W) band mask, so time and memory are
+O(T W), not O(T^2). ``window_weights`` gives the banded weights (rows= for a few rows),
+``window_step`` decodes against a cache truncated to the window.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .chunking import from_chunks, to_chunks
 from .guards import check_qkv, check_qkv_step
 
 
@@ -53,3 +61,64 @@ def softmax_step(q, k, v, cache=None, *, scale=None):
     logits = torch.einsum("bhd,bhjd->bhj", q, keys) * _scale(q.shape[-1], scale)
     w = torch.softmax(logits, dim=-1)
     return torch.einsum("bhj,bhjd->bhd", w, values), (keys, values)
+
+
+# ---- sliding window ---------------------------------------------------------------------------
+
+def check_window(window) -> None:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int (the keys each query sees), got {window!r}")
+
+
+def _band(t_q: int, t_k: int, window: int, offset: int, device) -> torch.Tensor:
+    """(t_q, t_k) bool, True where query i (at position offset + i of the keys) sees key j."""
+    i = torch.arange(t_q, device=device)[:, None] + offset
+    j = torch.arange(t_k, device=device)[None, :]
+    return (j <= i) & (j > i - window)
+
+
+def window_attention(q, k, v, window, *, scale=None):
+    """Causal softmax attention over the last `window` keys of every query (B, H, T, D) -> (B, H, T, Dv).
+
+    scale defaults to 1/sqrt(Dk). window >= T is exact causal softmax attention.
+    """
+    check_qkv(q, k, v, "window_attention")
+    check_window(window)
+    b, h, t, _ = q.shape
+    scale = _scale(q.shape[-1], scale)
+    if window >= t:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    c = window
+    qc, kc, vc = (to_chunks(x, c) for x in (q, k, v))  # (B, H, N, C, D), zero-padded at the end
+    n = qc.shape[2]
+    before = lambda x: torch.cat([torch.zeros_like(x[:, :, :1]), x[:, :, :-1]], dim=2)  # noqa: E731
+    keys = torch.cat([before(kc), kc], dim=3).flatten(0, 1)  # (B*H, N, 2C, Dk): the block before, then its own
+    values = torch.cat([before(vc), vc], dim=3).flatten(0, 1)
+    mask = _band(c, 2 * c, window, c, q.device).expand(n, c, 2 * c).clone()  # (N, C, 2C)
+    mask[0, :, :c] = False  # the first block has no block before it (its zero padding is not a key)
+    o = F.scaled_dot_product_attention(qc.flatten(0, 1), keys, values, attn_mask=mask, scale=scale)
+    return from_chunks(o.view(b, h, n, c, v.shape[-1]), t)  # padded queries' rows cut off
+
+
+def window_weights(q, k, window, *, scale=None, rows=None):
+    """The banded attention weights (B, H, R, T): softmax over i - W < j <= i, zero elsewhere.
+
+    rows: (R,) query positions (None: all T); costs O(R T).
+    """
+    check_window(window)
+    t = q.shape[2]
+    pos = torch.arange(t, device=q.device) if rows is None else rows.to(q.device)
+    scores = torch.matmul(q[:, :, pos], k.transpose(-1, -2)) * _scale(q.shape[-1], scale)  # (B, H, R, T)
+    j = torch.arange(t, device=q.device)[None, :]
+    seen = (j <= pos[:, None]) & (j > pos[:, None] - window)  # (R, T)
+    return torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+
+
+def window_step(q, k, v, cache=None, *, window, scale=None):
+    """Decode one token against a KV cache of at most `window` tokens: as softmax_step, with the
+    oldest entry dropped once the cache holds `window` tokens. Returns (o (B, H, Dv), (K, V))."""
+    check_window(window)
+    if cache is not None:
+        start = max(0, cache[0].shape[2] - (window - 1))  # keep window - 1: the new token makes it window
+        cache = (cache[0][:, :, start:], cache[1][:, :, start:]) if window > 1 else None
+    return softmax_step(q, k, v, cache, scale=scale)

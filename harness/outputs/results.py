@@ -46,7 +46,7 @@ def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
 
 # Keys added after results were first written: at their default (None) they stay out of the
 # hash, so existing results keep their hash and a rerun of their sweep still finds them.
-_HASH_IF_SET = ("model.decay",)
+_HASH_IF_SET = ("model.decay", "model.window")
 
 
 def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:

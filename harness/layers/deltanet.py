@@ -1,0 +1,120 @@
+"""DeltaNet and Gated DeltaNet: the delta rule, a state that writes corrections (harness.ops.delta).
+
+    S_t = a_t S_{t-1} + k_t (beta_t (v_t - a_t S_{t-1}^T k_t))^T,   o_t = S_t^T q_t
+
+deltanet (Schlag et al. 2021; Yang et al. 2024) has a_t = 1; gated_deltanet (Yang, Kautz &
+Hatamizadeh 2024) puts Mamba-2's data-dependent scalar decay in front of S_{t-1}:
+log a_t = -exp(A_log_h) softplus(x_t W_a + b_dt), with Mamba-2's parameterisation and
+initialisation (harness.layers.mamba). The write strength is beta_t = sigmoid(x_t W_beta),
+one per head and token.
+
+As fla's DeltaNet / GatedDeltaNet layers: q, k and v projected and short-convolved (the Mixer
+base), q and k through silu and L2-normalised per head (so |k| = 1 and every step is a
+contraction), q scaled by d_qk^-1/2, and the read-out through a per-head RMSNorm and a silu
+output gate before the output projection. fla also passes v through silu (its convolution's
+activation); here v stays linear, as in every other mixer of the harness, so that comparisons
+between mixers differ only in the state update. Rotary, when on, acts on the projections
+before silu.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness import ops
+from harness.hooks import HookPoint
+from harness.layers.mamba import init_scalar_decay, scalar_decay_draws, scalar_log_decay
+from harness.layers.parts import HeadNorm, merge_heads
+from harness.layers.protocol import Mixer, ProbeMemory
+from harness.layers.registry import register
+
+L2_EPS = 1e-6  # floor of |silu(q)|, |silu(k)| in the L2 normalisation
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """x / |x| along the last dimension: the keys and queries the delta rule is fed."""
+    return F.normalize(x, dim=-1, eps=L2_EPS)
+
+
+@register("deltanet")
+class DeltaNet(Mixer):
+    family = "delta"
+    core = "delta"
+    kernel = "identity"
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        self.form, self.chunk_size = config.form, config.chunk_size
+        C, H = config.d_model, self.n_heads
+        self.beta_proj = nn.Linear(C, H, bias=False)
+        self.gate_proj = nn.Linear(C, C, bias=False)  # silu output gate
+        self.out_proj = nn.Linear(C, C, bias=False)
+        self.norm = HeadNorm(H, self.d_head, "rmsnorm")
+        self.hook_beta = HookPoint()  # (B, H, T): the write strength of each step
+        self.q_scale = self.d_qk**-0.5
+
+    def log_decay(self, x: torch.Tensor):
+        """(B, H, T) log a_t, or None (a = 1)."""
+        return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        q, k, v = self.project_qkv(x)  # (B, H, T, D)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        q, k = self.hook_q_raw(q), self.hook_k_raw(k)
+        q = self.hook_q(unit_rows(F.silu(q)) * self.q_scale)
+        k = self.hook_k(unit_rows(F.silu(k)))
+        v = self.hook_v(v)
+        beta = self.hook_beta(torch.sigmoid(self.beta_proj(x)).transpose(1, 2))  # (B, H, T)
+        log_decay = self.log_decay(x)
+        o = ops.delta_attention(q, k, v, beta, log_decay, form=self.form, chunk_size=self.chunk_size)  # (B, H, T, D)
+        o = self.norm(self.hook_out(o))
+        return self.out_proj(merge_heads(o) * F.silu(self.gate_proj(x)))
+
+    def state_size(self, sequence_length: int = 2048) -> int:
+        return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)
+
+    def effective_weights(self, hooks, rows=None) -> torch.Tensor:
+        return ops.delta_weights(hooks["q"], hooks["k"], hooks["beta"], hooks.get("log_decay"), rows=rows)  # (B, H, R, T)
+
+    @classmethod
+    def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
+        """Unit keys written with beta = 1 (each write overwrites what the state held for its key)."""
+        return ProbeMemory(read="delta", phi_k=unit_rows, phi_q=unit_rows, d_key=d)
+
+
+@register("gated_deltanet")
+class GatedDeltaNet(DeltaNet):
+    core = "delta_gated"
+    has_decay = True
+
+    def __init__(self, config, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        H = self.n_heads
+        self.dt_proj = nn.Linear(config.d_model, H, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(H))
+        self.A_log = nn.Parameter(torch.empty(H))
+        self.reset_decay_parameters()
+
+    @torch.no_grad()
+    def reset_decay_parameters(self) -> None:
+        """Mamba-2's initialisation; the model calls this again after its generic init."""
+        init_scalar_decay(self.dt_bias, self.A_log)
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        log_decay, _ = scalar_log_decay(self.dt_proj(x), self.dt_bias, self.A_log)  # (B, H, T); v is not dt-scaled
+        return self.hook_log_decay(log_decay)
+
+    @classmethod
+    def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
+        """Unit keys written with beta = 1 into a state decayed as Mamba-2's at initialisation
+        (harness.layers.mamba.scalar_decay_draws); writes are not scaled by dt."""
+        draws = scalar_decay_draws(seed)
+
+        def decay(shape, gen):
+            log_a, _ = draws(shape, gen)
+            return log_a, None
+
+        return ProbeMemory(read="delta", phi_k=unit_rows, phi_q=unit_rows, d_key=d, decay=decay)
