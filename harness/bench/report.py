@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.bench.cases import LINEAR_FAMILIES
+from harness.bench.cases import DELTA_FAMILIES, LINEAR_FAMILIES
 
 # Targets on the reference set-up (CPU, float32, batch 8, 4 heads, head dim 64, T = 4,096).
 LIMIT_TARGETS = {"linear": 4.0, "decay_scalar": 4.0, "decay_per_dim": 5.0}
@@ -15,6 +15,7 @@ FLATNESS_TARGET = 1.2
 SOFTMAX_GROWTH_TARGET = 10.0
 MEMORY_EXPONENT_TARGET = 1.1
 LOOP_TARGET = 0.9
+DELTA_TARGET = 2.5  # the delta rule's chunk form, fwd+bwd, over the linear chunk form's, at the limit length
 EXTRAS_TARGET = 1.1  # a default step over the same model without short convolution, fault checks, clipping
 
 
@@ -42,6 +43,15 @@ def limit_ratios(rows: list[dict], seq_len: int) -> dict[str, dict[str, dict[str
         if r["seq_len"] == seq_len:
             out.setdefault(r["family"], {}).setdefault(r["form"], {})[r["pass"]] = r["limit_ratio"]
     return out
+
+
+def delta_over_linear(rows: list[dict], seq_len: int) -> dict[str, float]:
+    """{delta family: its chunk form's fwd+bwd time / the linear chunk form's} at seq_len (same run)."""
+    best = {(r["family"], r["seq_len"], r["pass"]): r["time_s"] for r in best_chunk_rows(rows)}
+    linear = best.get(("linear", seq_len, "fwdbwd"))
+    if not linear:
+        return {}
+    return {f: best[(f, seq_len, "fwdbwd")] / linear for f in DELTA_FAMILIES if (f, seq_len, "fwdbwd") in best}
 
 
 def crossovers(rows: list[dict]) -> dict[str, dict[str, Any]]:
@@ -103,6 +113,9 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for family, bound in LIMIT_TARGETS.items():
         value = ratios.get(family, {}).get("chunk", {}).get("fwdbwd")
         out.append(_target(f"limit ratio, {family} chunk fwd+bwd at T={summary.get('limit_seq_len')}", value, "<=", bound))
+    for family, ratio in summary.get("delta_over_linear", {}).items():
+        out.append(_target(f"{family} chunk fwd+bwd over linear chunk at T={summary.get('limit_seq_len')}", ratio,
+                           "<=", DELTA_TARGET))
     for family, passes in summary.get("crossover", {}).items():
         for pass_, t in passes.items():
             out.append(_target(f"crossover chunk < parallel, {family} {pass_}", t if t is not None else math.inf,

@@ -231,6 +231,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
         "gemm_flops_per_s": gemm_rate,
         "limit_seq_len": limit_len,
         "limit_ratio": report.limit_ratios(rows, limit_len),
+        "delta_over_linear": report.delta_over_linear(rows, limit_len),
         "crossover": report.crossovers(rows),
         "memory_exponent": report.memory_exponents(rows),
         "decode": None,
