@@ -12,8 +12,9 @@ allocators never pay it, and nor should a CPU run.
 2 GiB - 1, the largest value mallopt takes, so freed blocks stay in the heap for the next
 call (after a few calls: the first blocks of a size are not reused while the few bytes that
 torch's aligned allocations give back wait in glibc's thread cache between them and the top of
-the heap, until that cache holds its 7 entries). The same settings the MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ environment
-variables give, but at runtime, so every process that imports harness runs alike: the CLI,
+the heap, until that cache holds its 7 entries). The same settings the MALLOC_MMAP_THRESHOLD_ /
+MALLOC_TRIM_THRESHOLD_ environment variables give, but at runtime, so every process that
+imports harness runs alike: the CLI,
 Hydra's launchers, the benchmark and a notebook calling harness.ops. The price: memory a run
 freed stays with the process (its peak, not its current use, is what the system sees).
 
@@ -37,7 +38,7 @@ PARAMETERS = {"mmap_threshold": (-3, "MALLOC_MMAP_THRESHOLD_"), "trim_threshold"
 _state: dict[str, Any] = {"configured": False, "reason": "not yet configured"}
 
 
-def _glibc():
+def glibc_library():
     """The C library when it is glibc (it has gnu_get_libc_version), else None."""
     if not sys.platform.startswith("linux"):
         return None
@@ -58,7 +59,7 @@ def configure() -> dict[str, Any]:
     if os.environ.get(OPT_OUT_ENV, "").strip().lower() == "system":
         _state.update(configured=False, reason=f"{OPT_OUT_ENV}=system")
         return dict(_state)
-    libc = _glibc()
+    libc = glibc_library()
     if libc is None:
         _state.update(configured=False, reason="not Linux with glibc")
         return dict(_state)

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from harness.allocator import _glibc
+from harness.allocator import glibc_library
 
-pytestmark = pytest.mark.skipif(_glibc() is None, reason="the allocator configuration is glibc's")
+pytestmark = pytest.mark.skipif(glibc_library() is None, reason="the allocator configuration is glibc's")
 
 # A plain process: import harness, then allocate and free a 64 MB tensor 24 times and count the
 # minor page faults of the last 8 (a fresh mmap faults in all 16,384 of its pages every time).

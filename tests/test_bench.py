@@ -67,7 +67,8 @@ def test_summary_holds_every_figure(tiny_result):
     assert set(s["memory_exponent"]) == set(cases.LINEAR_FAMILIES)
     decode = s["decode"]
     assert decode["contexts"] == [8, 32] and decode["reference_context"] == 32
-    assert set(decode["families"]) == {"linear", "decay_scalar", "decay_per_dim", "softmax"}
+    assert set(decode["families"]) == {"linear", "decay_scalar", "decay_per_dim", "delta", "delta_gated", "softmax"}
+    assert set(s["delta_over_linear"]) == {"delta", "delta_gated"}
     assert all(d["growth"] > 0 for d in decode["families"].values())
     loop = s["loop"]
     assert loop["efficiency"] > 0 and loop["loop_steps_per_s"] > 0 and loop["bare_steps_per_s"] > 0
@@ -79,6 +80,8 @@ def test_summary_holds_every_figure(tiny_result):
     assert any(n.startswith("limit ratio, decay_per_dim") for n in names)
     assert any(n.startswith("decode growth, softmax") for n in names)
     assert any(n.startswith("decode flatness, decay_per_dim") for n in names)
+    assert any(n.startswith("decode flatness, delta_gated") for n in names)
+    assert any(n.startswith("delta chunk fwd+bwd over linear chunk") for n in names)
     assert "loop efficiency" in names and "extras ratio (plain loop / default train() step)" in names
     assert all(t["met"] in (True, False, None) for t in s["targets"])
     assert {"device", "threads", "torch"} <= set(tiny_result["env"])

@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="write the full result here")
     p.add_argument("--seq-lens", type=_ints, help="comma-separated lengths (default: 256..16384 on CPU, "
                                                    "256..65536 on CUDA)")
-    p.add_argument("--families", type=_strs, help="softmax,linear,decay_scalar,decay_per_dim")
+    p.add_argument("--families", type=_strs, help="softmax,linear,decay_scalar,decay_per_dim,delta,delta_gated")
     p.add_argument("--forms", type=_strs, help="parallel,chunk,recurrent")
     p.add_argument("--passes", type=_strs, help="fwd,fwdbwd")
     p.add_argument("--chunk-sizes", type=_ints, help="chunk lengths to measure (default: each family's)")

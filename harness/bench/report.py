@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.bench.cases import DELTA_FAMILIES, LINEAR_FAMILIES
+from harness.bench.cases import DELTA_FAMILIES, FAMILIES, LINEAR_FAMILIES
 
 # Targets on the reference set-up (CPU, float32, batch 8, 4 heads, head dim 64, T = 4,096).
 LIMIT_TARGETS = {"linear": 4.0, "decay_scalar": 4.0, "decay_per_dim": 5.0}
@@ -168,7 +168,7 @@ def _grid(title: str, keys, lens, width: int, cell, keep_empty: bool) -> list[st
 def format_tables(rows: list[dict], gemm_rate: float) -> str:
     lens = sorted({r["seq_len"] for r in rows})
     keys = sorted({(r["family"], r["form"], r["chunk_size"] or 0) for r in rows},
-                  key=lambda k: (["softmax", "linear", "decay_scalar", "decay_per_dim"].index(k[0]), k[1], k[2]))
+                  key=lambda k: (FAMILIES.index(k[0]), k[1], k[2]))
     by = {(r["family"], r["form"], r["chunk_size"] or 0, r["seq_len"], r["pass"]): r for r in rows}
 
     def ok(r):
