@@ -32,7 +32,9 @@ large system per head, where the library solve is the efficient choice.
 
 The chunk form computes W and U' for every chunk at once, then walks the chunks carrying S
 (one pair of batched matmuls per chunk: U_n = U'_n - W_n S_n, S_{n+1} = ...), then the
-outputs of every chunk at once. Its backward pass is autograd's.
+outputs of every chunk at once. Its backward pass is autograd's. On CPU (float32/64) the fused
+kernel runs the same arithmetic one sequence per thread, chunk by chunk, with a hand-written
+backward pass (:class:`DeltaChunkCPU`); this batched form is its oracle.
 """
 
 from __future__ import annotations
