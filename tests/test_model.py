@@ -203,6 +203,15 @@ def test_decay_initialisation(name):
     assert ((A >= 1) & (A <= 16)).all() and A.max() - A.min() > 5
 
 
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
+def test_delta_rule_writes_start_at_half_strength(name):
+    """beta = sigmoid(x W_beta) starts at 1/2 for every token (W_beta = 0 after the model's init)."""
+    model = build(name=name)
+    with capture(model) as cache, torch.no_grad():
+        model(tokens())
+    assert torch.equal(cache["layers.0.mixer.hook_beta"], torch.full((2, 2, 21), 0.5))
+
+
 def test_retnet_initialisation():
     retnet = LanguageModel(ModelConfig(name="retnet", d_model=16, n_heads=4), VOCAB, MAX_T).layers[0].mixer
     gammas = torch.exp(retnet.log_gamma)

@@ -25,10 +25,11 @@ Every exponent is <= 0 for log decays <= 0 (segment sums, never ratios of cumula
 products), and I + L is unit lower triangular: no loop over positions is needed. A chunk's
 (C, C) inverse is built by exact block inversion, level by level ([[A, 0], [B, D]]^{-1} =
 [[A^{-1}, 0], [-D^{-1} B A^{-1}, D^{-1}]], log2 C levels of batched matmuls over all chunks);
-torch.linalg.solve_triangular would do the same arithmetic, but on CPU it makes one threaded
-LAPACK call per small matrix, which measured 10-100x slower than the matmuls here with two
-threads on a loaded machine. The whole-sequence block (the parallel form, delta_weights) is one
-large system per head, where the library solve is the efficient choice.
+torch.linalg.solve_triangular does the same arithmetic, but on CPU it makes one threaded
+LAPACK call per small matrix: with two threads on cores shared with other processes it ran
+10-100x slower than these matmuls in the same process (with one thread the two were alike).
+The whole-sequence block (the parallel form, delta_weights) is one large system per head,
+where the library solve is the efficient choice.
 
 The chunk form computes W and U' for every chunk at once, then walks the chunks carrying S
 (one pair of batched matmuls per chunk: U_n = U'_n - W_n S_n, S_{n+1} = ...), then the
@@ -61,7 +62,8 @@ class Block(NamedTuple):
 
 
 def block_factors(q: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, x: Optional[torch.Tensor]) -> Block:
-    """The factors of the module docstring for blocks q, k (..., C, Dk), beta (..., C), log decays x (..., C) or None."""
+    """The factors of the module docstring for blocks q, k (..., C, Dk), beta (..., C) and log
+    decays x (..., C) or None."""
     c = q.shape[-2]
     if x is None:
         decay = torch.ones(c, c, dtype=q.dtype, device=q.device).tril()  # (C, C)
@@ -112,7 +114,8 @@ def solve_unit_lower(lower: torch.Tensor, rhs: torch.Tensor, *, left: bool = Tru
     return torch.linalg.solve_triangular(lower, rhs, upper=False, left=left, unitriangular=True)
 
 
-def block_corrections(blk: Block, v: torch.Tensor, beta: torch.Tensor, *, many: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def block_corrections(blk: Block, v: torch.Tensor, beta: torch.Tensor, *,
+                      many: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(W, U') of the module docstring: (..., C, Dk) and (..., C, Dv), one triangular solve:
     the block inverse for many small systems (chunks), the library's for one per head."""
     dk = blk.k_in.shape[-1]
