@@ -3,8 +3,16 @@
 `python -m harness task=<t> model=<m> [overrides]` trains and measures one model; in Python,
 `harness.ops` holds the mixer cores, `harness.features` the feature maps, `harness.hooks`
 the hook points, and `harness.load_run(run_dir)` reopens a finished run.
+
+Importing the package sets the process's allocator configuration (harness.allocator: glibc
+keeps freed memory for reuse instead of unmapping it; HARNESS_MALLOC=system opts out), so
+that the CLI, the benchmark and a notebook calling harness.ops all run alike.
 """
 from __future__ import annotations
+
+from harness import allocator
+
+allocator.configure()
 
 
 def load_run(run_dir, *, device="cpu"):

@@ -67,16 +67,22 @@ def test_summary_holds_every_figure(tiny_result):
     assert set(s["memory_exponent"]) == set(cases.LINEAR_FAMILIES)
     decode = s["decode"]
     assert decode["contexts"] == [8, 32] and decode["reference_context"] == 32
-    assert set(decode["families"]) == {"linear", "decay_scalar", "decay_per_dim", "softmax"}
+    assert set(decode["families"]) == {"linear", "decay_scalar", "decay_per_dim", "delta", "delta_gated", "softmax"}
+    assert set(s["delta_over_linear"]) == {"delta", "delta_gated"}
     assert all(d["growth"] > 0 for d in decode["families"].values())
     loop = s["loop"]
     assert loop["efficiency"] > 0 and loop["loop_steps_per_s"] > 0 and loop["bare_steps_per_s"] > 0
     assert loop["task"] == "recall" and loop["batch_size"] == 4
+    extras = s["extras"]  # the plain loop is the same loop without short convolution, fault watch, clipping
+    assert extras["ratio"] == pytest.approx(extras["plain_steps_per_s"] / extras["loop_steps_per_s"])
+    assert extras["plain_samples"] and all(r > 0 for r in extras["plain_samples"])
     names = {t["name"] for t in s["targets"]}
     assert any(n.startswith("limit ratio, decay_per_dim") for n in names)
     assert any(n.startswith("decode growth, softmax") for n in names)
     assert any(n.startswith("decode flatness, decay_per_dim") for n in names)
-    assert "loop efficiency" in names
+    assert any(n.startswith("decode flatness, delta_gated") for n in names)
+    assert any(n.startswith("delta chunk fwd+bwd over linear chunk") for n in names)
+    assert "loop efficiency" in names and "extras ratio (plain loop / default train() step)" in names
     assert all(t["met"] in (True, False, None) for t in s["targets"])
     assert {"device", "threads", "torch"} <= set(tiny_result["env"])
     assert tiny_result["env"]["threads"] == 1
@@ -104,7 +110,7 @@ def test_command_line_writes_json_and_a_table(tmp_path):
     result = json.loads(out.read_text())
     assert {r["family"] for r in result["rows"]} == {"linear", "decay_scalar"}
     assert result["summary"]["decode"] is None and result["summary"]["loop"] is None
-    assert "MALLOC_MMAP_THRESHOLD_" in result["env"]["allocator_env"]  # the re-executed process
+    assert result["env"]["allocator"]["configured"]  # set by importing harness, as in any user's process
 
 
 @pytest.mark.parametrize("model,family,d_key", [("elu", "linear", 8), ("mamba", "decay_per_dim", 8),
@@ -165,7 +171,8 @@ def test_targets_are_marked_met_or_missed():
                "crossover": {"linear": {"fwdbwd": 256}, "decay_scalar": {"fwdbwd": None}},
                "decode": {"contexts": [256, 16384], "reference_context": 16384,
                           "families": {"linear": {"growth": 1.05}, "softmax": {"growth": 3.0}}},
-               "memory_exponent": {"linear": {"fwdbwd": 1.01}}, "loop": {"efficiency": 0.95}}
+               "memory_exponent": {"linear": {"fwdbwd": 1.01}}, "loop": {"efficiency": 0.95},
+               "extras": {"ratio": 1.2}}
     met = {t["name"]: t["met"] for t in report.targets(summary)}
     assert met["limit ratio, linear chunk fwd+bwd at T=4096"] is True
     assert met["limit ratio, decay_scalar chunk fwd+bwd at T=4096"] is False
@@ -175,6 +182,7 @@ def test_targets_are_marked_met_or_missed():
     assert met["decode flatness, linear, 16384 vs 256"] is True
     assert met["decode growth, softmax with a KV cache, 16384 vs 256"] is False
     assert met["peak memory exponent, linear chunk fwd+bwd"] is True and met["loop efficiency"] is True
+    assert met["extras ratio (plain loop / default train() step)"] is False
 
 
 def test_memory_tracker_counts_what_a_call_holds_at_once():

@@ -118,15 +118,106 @@ def test_fused_decay_matches_batched_float64(shape, init, monkeypatch):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
+GATED_SHAPES = SHAPES + [(2, 2, 64, 16, 8), (1, 2, 128, 8, 8)]
+
+
+@pytest.mark.parametrize("shape", GATED_SHAPES)
+@pytest.mark.parametrize("init", (False, True))
+@pytest.mark.parametrize("strength", (3.0, 30.0, 200.0))
+def test_fused_gated_matches_batched_float64(shape, init, strength, monkeypatch):
+    """Per-dimension gates, log decays in [-strength, 0]: 3 keeps every chunk one product, 30
+    halves chunks of 32 and more, 200 sums the pairs of 8-blocks directly; forward and every
+    gradient, the log decays' (final state's term included) too."""
+    m, n, c, dk, dv = shape
+    q, k, v, s0, _ = draw(m, n, c, dk, dv, torch.float64, init, seed=sum(shape) + 2)
+    x = -strength * torch.rand(m, n, c, dk, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    a = decay_outputs_and_grads(True, q - 0.5, k - 0.5, v, x, s0, monkeypatch)
+    b = decay_outputs_and_grads(False, q - 0.5, k - 0.5, v, x, s0, monkeypatch)
+    for got, want in zip(a, b):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("strength", (0.05, 3.0))
+def test_fused_gated_float32_within_tolerance_of_float64(strength, monkeypatch):
+    """float32 through the fused kernel vs the float64 batched form: 16 chunks of 64."""
+    q, k, v, _, _ = draw(2, 16, 64, 32, 32, torch.float64, False, seed=6)
+    q, k = q - 0.5, k - 0.5
+    x = -strength * torch.rand(2, 16, 64, 32, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    ref = decay_outputs_and_grads(False, q, k, v, x, None, monkeypatch)
+    got = decay_outputs_and_grads(True, q.float(), k.float(), v.float(), x.float(), None, monkeypatch)
+    for y, want in zip(got, ref):
+        torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_decay_attention_uses_it_and_matches_naive(monkeypatch):
-    """Through the public API with padding (T = 37 in chunks of 8); per-dimension gates stay batched."""
+    """Through the public API with padding (T = 37 in chunks of 8), scalar and per-dimension gates."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64) for _ in range(3))
-    log_a = -torch.rand(2, 3, 37, generator=g, dtype=torch.float64)
     monkeypatch.setattr(fused, "_enabled", True)
-    o = ops.decay_attention(q, k, v, log_a, form="chunk", chunk_size=8)
-    torch.testing.assert_close(o, ops.naive_decay_attention(q, k, v, log_a), rtol=0, atol=1e-10)
+    for log_a in (-torch.rand(2, 3, 37, generator=g, dtype=torch.float64),
+                  -torch.rand(2, 3, 37, 8, generator=g, dtype=torch.float64)):
+        o = ops.decay_attention(q, k, v, log_a, form="chunk", chunk_size=8)
+        torch.testing.assert_close(o, ops.naive_decay_attention(q, k, v, log_a), rtol=0, atol=1e-10)
     qc = torch.rand(2, 4, 8, 8, dtype=torch.float64, requires_grad=True)  # (M, N, C, Dk) chunks
-    per_dim = -torch.rand(2, 4, 8, 8, dtype=torch.float64)
-    o, _ = decay_chunk(qc, qc.detach(), qc.detach(), per_dim, None)
-    assert type(o.grad_fn).__name__ == "DecayChunkBackward"
+    o, _ = decay_chunk(qc, qc.detach(), qc.detach(), -torch.rand(2, 4, 8, 8, dtype=torch.float64), None)
+    assert type(o.grad_fn).__name__ == "DecayChunkCPUBackward"
+
+
+def delta_outputs_and_grads(use_fused, q, k, v, beta, x, s0, monkeypatch):
+    from harness.ops.delta_chunk import delta_chunk
+
+    monkeypatch.setattr(fused, "_enabled", use_fused)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, beta, x, s0) if t is not None]
+    it = iter(leaves)
+    args = [next(it) if t is not None else None for t in (q, k, v, beta, x, s0)]
+    out = delta_chunk(*args)
+    ran = {type(f).__name__ for f, _ in out[0].grad_fn.next_functions if f is not None} | {type(out[0].grad_fn).__name__}
+    assert ("DeltaChunkCPUBackward" in ran) == use_fused  # the path under test ran
+    g = torch.Generator().manual_seed(4)
+    loss = sum((o * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)).sum() for o in out)
+    return [o.detach() for o in out] + list(torch.autograd.grad(loss, leaves))
+
+
+def delta_draw(b, h, n, c, dk, dv, dtype, init, gated, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, c, dk, generator=g, dtype=dtype)
+    k = torch.nn.functional.normalize(torch.randn(b, h, n, c, dk, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(b, h, n, c, dv, generator=g, dtype=dtype)
+    beta = torch.rand(b, h, n, c, generator=g, dtype=dtype)
+    x = -torch.rand(b, h, n, c, generator=g, dtype=dtype) if gated else None
+    s0 = torch.randn(b, h, dk, dv, generator=g, dtype=dtype) if init else None
+    return q, k, v, beta, x, s0
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 3, 8, 4, 6), (1, 2, 2, 16, 8, 4), (1, 1, 4, 1, 4, 4), (2, 1, 2, 64, 16, 8),
+                                   (1, 1, 1, 5, 3, 2)])
+@pytest.mark.parametrize("init,gated", list(itertools.product((False, True), repeat=2)))
+def test_fused_delta_matches_batched_float64(shape, init, gated, monkeypatch):
+    """The (gated) delta rule's chunk form: outputs, final state and the gradients of q, k, v,
+    beta, the log decays and the initial state, against the batched form (autograd through it)."""
+    inputs = delta_draw(*shape, torch.float64, init, gated, seed=sum(shape))
+    a = delta_outputs_and_grads(True, *inputs, monkeypatch)
+    b = delta_outputs_and_grads(False, *inputs, monkeypatch)
+    for got, want in zip(a, b):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_fused_delta_float32_within_tolerance_of_float64(monkeypatch):
+    """float32 through the fused kernel vs the float64 batched form: 8 chunks of 64, gated."""
+    inputs = delta_draw(2, 2, 8, 64, 32, 32, torch.float64, True, True, seed=11)
+    ref = delta_outputs_and_grads(False, *inputs, monkeypatch)
+    got = delta_outputs_and_grads(True, *(t.float() for t in inputs), monkeypatch)
+    for y, want in zip(got, ref):
+        torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_delta_attention_uses_it_and_matches_naive(monkeypatch):
+    """Through the public API with padding (T = 37 in chunks of 8), with and without decay."""
+    g = torch.Generator().manual_seed(0)
+    q, v = (torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    k = torch.nn.functional.normalize(torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64), dim=-1)
+    beta = torch.rand(2, 3, 37, generator=g, dtype=torch.float64)
+    monkeypatch.setattr(fused, "_enabled", True)
+    for log_a in (None, -torch.rand(2, 3, 37, generator=g, dtype=torch.float64)):
+        o = ops.delta_attention(q, k, v, beta, log_a, form="chunk", chunk_size=8)
+        torch.testing.assert_close(o, ops.naive_delta_attention(q, k, v, beta, log_a), rtol=0, atol=1e-10)

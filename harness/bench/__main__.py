@@ -1,33 +1,16 @@
 """`python -m harness.bench [--quick] [--device cpu|cuda] [--json PATH] [...]`: run the benchmark.
 
-On Linux the process first makes glibc keep freed memory for reuse (MALLOC_MMAP_THRESHOLD_,
-MALLOC_TRIM_THRESHOLD_): otherwise every large tensor is a fresh mmap whose pages fault in
-one by one on first touch, which costs as much as the arithmetic in the long-sequence calls
-(see docs/benchmarks.md). These variables are only read at process start, so the process
-re-executes itself once with them set; --system-malloc keeps the environment as it is.
+The process runs as every process that imports harness does (harness.allocator: glibc keeps
+freed memory for reuse, set at import; HARNESS_MALLOC=system keeps glibc's defaults), and
+the JSON records that configuration (env.allocator), so what is measured is what a user runs.
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 import sys
-
-_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**34), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
-
-
-def _reexec_with_allocator_env() -> None:
-    if sys.platform != "linux" or "--system-malloc" in sys.argv or all(k in os.environ for k in _ALLOCATOR_ENV):
-        return
-    env = {**os.environ, **_ALLOCATOR_ENV}
-    os.execve(sys.executable, [sys.executable, "-m", "harness.bench", *sys.argv[1:]], env)
-
-
-if __name__ == "__main__":
-    _reexec_with_allocator_env()
-
-import argparse  # noqa: E402
-from dataclasses import fields  # noqa: E402
-from pathlib import Path  # noqa: E402
+from dataclasses import fields
+from pathlib import Path
 
 
 def _ints(text: str) -> list[int]:
@@ -45,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="write the full result here")
     p.add_argument("--seq-lens", type=_ints, help="comma-separated lengths (default: 256..16384 on CPU, "
                                                    "256..65536 on CUDA)")
-    p.add_argument("--families", type=_strs, help="softmax,linear,decay_scalar,decay_per_dim")
+    p.add_argument("--families", type=_strs, help="softmax,linear,decay_scalar,decay_per_dim,delta,delta_gated")
     p.add_argument("--forms", type=_strs, help="parallel,chunk,recurrent")
     p.add_argument("--passes", type=_strs, help="fwd,fwdbwd")
     p.add_argument("--chunk-sizes", type=_ints, help="chunk lengths to measure (default: each family's)")
@@ -70,7 +53,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--no-decode", action="store_true")
     p.add_argument("--no-loop", action="store_true")
-    p.add_argument("--system-malloc", action="store_true", help="keep the allocator environment as it is")
     return p.parse_args(argv)
 
 

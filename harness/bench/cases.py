@@ -8,6 +8,8 @@ Families are the mixer cores of harness.ops, on inputs laid out (batch, heads, t
   linear         normalised kernel attention on non-negative (feature-mapped) q, k
   decay_scalar   decayed attention, one log decay per head and step (RetNet, Mamba-2)
   decay_per_dim  decayed attention, one gate per key dimension (GLA)
+  delta          the delta rule (DeltaNet): unit keys, beta in (0, 1)
+  delta_gated    the delta rule with a scalar decay per head and step (Gated DeltaNet)
 
 each linear family in its three forms "parallel", "chunk" and "recurrent". "fwd" runs the
 forward pass without autograd; "fwdbwd" runs it with autograd and back-propagates a dense
@@ -28,13 +30,14 @@ from harness import ops
 from harness.ops.cores import CORE_FORMS
 from harness.layers.retnet import retnet_log_gammas
 
-FAMILIES = ("softmax", "linear", "decay_scalar", "decay_per_dim")
-LINEAR_FAMILIES = ("linear", "decay_scalar", "decay_per_dim")
-FORMS = CORE_FORMS  # the forms of each core (harness.ops.cores)
+FAMILIES = tuple(CORE_FORMS)  # the cores of harness.ops (harness.ops.cores)
+LINEAR_FAMILIES = tuple(f for f in FAMILIES if f != "softmax")  # a state of fixed size
+DELTA_FAMILIES = ("delta", "delta_gated")
+FORMS = CORE_FORMS
 PASSES = ("fwd", "fwdbwd")
 # Chunk lengths of the chunk forms when none is asked for: the fastest on the machines measured
 # (docs/benchmarks.md); every length gives the same numbers.
-DEFAULT_CHUNK = {"linear": 64, "decay_scalar": 64, "decay_per_dim": 64}
+DEFAULT_CHUNK = {f: 64 for f in LINEAR_FAMILIES}
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,12 @@ def make_inputs(family: str, shape: Shape, device: torch.device, dtype: torch.dt
     positive = family == "linear"  # feature-mapped keys and queries are non-negative
     inputs = {"q": draw(b, h, t, dk, positive=positive) * (1.0 / math.sqrt(dk)),
               "k": draw(b, h, t, dk, positive=positive), "v": draw(b, h, t, dv)}
-    if family == "decay_scalar":
+    if family in DELTA_FAMILIES:  # as the mixers feed it: L2-normalised keys, beta = sigmoid(.)
+        inputs["k"] = torch.nn.functional.normalize(inputs["k"], dim=-1)
+        inputs["beta"] = torch.sigmoid(draw(b, h, t))
+        if family == "delta_gated":  # Mamba-2's scalar decay, a in about (0.9, 1)
+            inputs["log_decay"] = -0.1 * draw(b, h, t, positive=True, dt=decay_dtype)
+    elif family == "decay_scalar":
         if retnet:  # RetNet: its constant decay gamma_h per head
             log_gamma = retnet_log_gammas(h).to(device=device, dtype=decay_dtype)
             ld = log_gamma.view(1, h, 1).expand(b, h, t).contiguous()
@@ -96,6 +104,9 @@ def forward_fn(family: str, form: str, chunk_size: int | None) -> Callable[..., 
     c = chunk_size or DEFAULT_CHUNK[family]
     if family == "linear":
         return lambda q, k, v: ops.linear_attention(q, k, v, form=form, chunk_size=c)
+    if family in DELTA_FAMILIES:
+        return lambda q, k, v, beta, log_decay=None: ops.delta_attention(q, k, v, beta, log_decay, form=form,
+                                                                          chunk_size=c)
     return lambda q, k, v, log_decay: ops.decay_attention(q, k, v, log_decay, form=form, chunk_size=c)
 
 

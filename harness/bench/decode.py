@@ -21,7 +21,7 @@ from harness import ops
 from harness.bench.cases import Shape, make_inputs
 from harness.bench.timing import interleaved, median
 
-DECODE_FAMILIES = ("linear", "decay_scalar", "decay_per_dim", "softmax")
+DECODE_FAMILIES = ("linear", "decay_scalar", "decay_per_dim", "delta", "delta_gated", "softmax")
 STEPS_PER_SAMPLE = 8
 REFERENCE_CONTEXT = 16384  # flatness/growth: one step at this context over one at the shortest
 
@@ -48,6 +48,11 @@ def _one_step(family: str, shape: Shape, device: torch.device, dtype: torch.dtyp
         if family == "linear":
             _, state = ops.linear_attention(ctx["q"], ctx["k"], ctx["v"], return_state=True)
             return lambda: ops.linear_attention_step(tok["q"], tok["k"], tok["v"], state)
+        if family in ("delta", "delta_gated"):
+            decay = ctx.get("log_decay")
+            _, state = ops.delta_attention(ctx["q"], ctx["k"], ctx["v"], ctx["beta"], decay, return_state=True)
+            return lambda: ops.delta_attention_step(tok["q"], tok["k"], tok["v"], tok["beta"], tok.get("log_decay"),
+                                                    state)
         _, state = ops.decay_attention(ctx["q"], ctx["k"], ctx["v"], ctx["log_decay"], return_state=True)
         return lambda: ops.decay_attention_step(tok["q"], tok["k"], tok["v"], tok["log_decay"], state)
 

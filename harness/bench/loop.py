@@ -12,6 +12,11 @@ runs from one logging step to a later one.
 The bare loop runs the same model configuration, optimizer (build_optimizer), precision,
 gradient clipping and batch size with no data generation, metrics or logging: zero_grad,
 forward, loss, backward, clip, step on one fixed batch.
+
+Extras ratio: what a default step pays for what the harness adds to a plain model. The real
+loop (as above) against a plain loop over the same data, optimizer, schedule and loss sync:
+the same model with model.short_conv=false, no fault watch (no output, denominator, loss and
+per-layer gradient checks) and no gradient clipping (so no per-layer norms either).
 """
 
 from __future__ import annotations
@@ -99,6 +104,68 @@ def time_bare_loop(cfg, steps: int, warmup: int = 3) -> float:
         step()
     sync(device)
     return steps / (time.perf_counter() - start)
+
+
+def time_plain_loop(cfg, steps: int) -> float:
+    """Steps per second of train()'s step loop without the harness's extras (see the module
+    docstring): cfg's data, optimizer, schedule and loss sync every trainer.log_every steps, on
+    cfg's model with model.short_conv=false, no fault watch and no clipping."""
+    from omegaconf import OmegaConf
+
+    from harness.config.build import build_model, task_config
+    from harness.devices import select_device
+    from harness.train.loop import autocast_factory, build_optimizer, lm_loss, lr_factor, train_batches
+
+    tr = cfg.trainer
+    device = select_device(tr.device)
+    module, tcfg = task_config(cfg.task)
+    plain = OmegaConf.merge(cfg, {"model": {"short_conv": False}})
+    torch.manual_seed(cfg.seed)
+    model = build_model(plain).to(device)
+    opt = build_optimizer(model, tr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tr))
+    autocast = autocast_factory(device, tr.precision)
+    batches = train_batches(module, tcfg, tr, cfg.seed, device)
+    running = torch.zeros((), device=device)
+    stamps: list[float] = []
+    for step in range(1, steps + 1):
+        inputs, targets = next(batches)
+        with autocast():
+            loss = lm_loss(model(inputs), targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        running += loss.detach()
+        if step % tr.log_every == 0 or step == steps:
+            running.item()  # the loop's one host sync, as train() reads its running loss
+            running.zero_()
+        stamps.append(time.perf_counter())
+    skip = max(tr.data_chunk, min(tr.log_every, steps // 4))
+    n, seconds = _window(stamps, tr.log_every, tr.data_chunk, device, skip)
+    return n / seconds
+
+
+def extras_ratio(overrides: list[str] | None = None, *, steps: int = 200, rounds: int = 3,
+                 device: str = "cpu") -> dict[str, Any]:
+    """Plain-loop steps/s over real-loop steps/s (>= 1: what the extras cost), medians of
+    `rounds` alternating runs of each."""
+    overrides = list(overrides or [])
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    loop_rates, plain_rates = [], []
+    try:
+        with tempfile.TemporaryDirectory(prefix="harness-bench-loop-") as tmp:
+            cfg = loop_config(overrides, steps, device, Path(tmp))
+            for _ in range(rounds):
+                loop_rates.append(time_train_loop(cfg))
+                plain_rates.append(time_plain_loop(cfg, steps))
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    loop, plain = median(loop_rates), median(plain_rates)
+    return {"ratio": plain / loop, "loop_steps_per_s": loop, "plain_steps_per_s": plain,
+            "loop_samples": loop_rates, "plain_samples": plain_rates, "steps": steps, "rounds": rounds,
+            "overrides": overrides, "model": cfg.model.name, "task": cfg.task.name,
+            "plain": "model.short_conv=false, no fault watch, no gradient clipping"}
 
 
 def loop_efficiency(overrides: list[str] | None = None, *, steps: int = 200, rounds: int = 3,

@@ -6,15 +6,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.bench.cases import LINEAR_FAMILIES
+from harness.bench.cases import DELTA_FAMILIES, FAMILIES, LINEAR_FAMILIES
 
 # Targets on the reference set-up (CPU, float32, batch 8, 4 heads, head dim 64, T = 4,096).
-LIMIT_TARGETS = {"linear": 4.0, "decay_scalar": 6.0, "decay_per_dim": 10.0}
+LIMIT_TARGETS = {"linear": 4.0, "decay_scalar": 4.0, "decay_per_dim": 5.0}
 CROSSOVER_TARGET = 512
 FLATNESS_TARGET = 1.2
 SOFTMAX_GROWTH_TARGET = 10.0
 MEMORY_EXPONENT_TARGET = 1.1
 LOOP_TARGET = 0.9
+DELTA_TARGET = 2.5  # the delta rule's chunk form, fwd+bwd, over the linear chunk form's, at the limit length
+EXTRAS_TARGET = 1.1  # a default step over the same model without short convolution, fault checks, clipping
 
 
 def _ok(rows: list[dict]) -> list[dict]:
@@ -41,6 +43,15 @@ def limit_ratios(rows: list[dict], seq_len: int) -> dict[str, dict[str, dict[str
         if r["seq_len"] == seq_len:
             out.setdefault(r["family"], {}).setdefault(r["form"], {})[r["pass"]] = r["limit_ratio"]
     return out
+
+
+def delta_over_linear(rows: list[dict], seq_len: int) -> dict[str, float]:
+    """{delta family: its chunk form's fwd+bwd time / the linear chunk form's} at seq_len (same run)."""
+    best = {(r["family"], r["seq_len"], r["pass"]): r["time_s"] for r in best_chunk_rows(rows)}
+    linear = best.get(("linear", seq_len, "fwdbwd"))
+    if not linear:
+        return {}
+    return {f: best[(f, seq_len, "fwdbwd")] / linear for f in DELTA_FAMILIES if (f, seq_len, "fwdbwd") in best}
 
 
 def crossovers(rows: list[dict]) -> dict[str, dict[str, Any]]:
@@ -102,6 +113,9 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for family, bound in LIMIT_TARGETS.items():
         value = ratios.get(family, {}).get("chunk", {}).get("fwdbwd")
         out.append(_target(f"limit ratio, {family} chunk fwd+bwd at T={summary.get('limit_seq_len')}", value, "<=", bound))
+    for family, ratio in summary.get("delta_over_linear", {}).items():
+        out.append(_target(f"{family} chunk fwd+bwd over linear chunk at T={summary.get('limit_seq_len')}", ratio,
+                           "<=", DELTA_TARGET))
     for family, passes in summary.get("crossover", {}).items():
         for pass_, t in passes.items():
             out.append(_target(f"crossover chunk < parallel, {family} {pass_}", t if t is not None else math.inf,
@@ -121,6 +135,9 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     loop = summary.get("loop")
     if loop:
         out.append(_target("loop efficiency", loop["efficiency"], ">=", LOOP_TARGET))
+    extras = summary.get("extras")
+    if extras:
+        out.append(_target("extras ratio (plain loop / default train() step)", extras["ratio"], "<=", EXTRAS_TARGET))
     return out
 
 
@@ -151,7 +168,7 @@ def _grid(title: str, keys, lens, width: int, cell, keep_empty: bool) -> list[st
 def format_tables(rows: list[dict], gemm_rate: float) -> str:
     lens = sorted({r["seq_len"] for r in rows})
     keys = sorted({(r["family"], r["form"], r["chunk_size"] or 0) for r in rows},
-                  key=lambda k: (["softmax", "linear", "decay_scalar", "decay_per_dim"].index(k[0]), k[1], k[2]))
+                  key=lambda k: (FAMILIES.index(k[0]), k[1], k[2]))
     by = {(r["family"], r["form"], r["chunk_size"] or 0, r["seq_len"], r["pass"]): r for r in rows}
 
     def ok(r):
@@ -194,6 +211,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"loop efficiency ({loop['task']}/{loop['model']}, batch {loop['batch_size']}): "
                      f"{loop['loop_steps_per_s']:.1f} steps/s in train() vs {loop['bare_steps_per_s']:.1f} bare "
                      f"= {loop['efficiency']:.3f}")
+    extras = summary.get("extras")
+    if extras:
+        lines.append(f"extras ratio ({extras['task']}/{extras['model']}): {extras['plain_steps_per_s']:.1f} steps/s "
+                     f"plain ({extras['plain']}) vs {extras['loop_steps_per_s']:.1f} in train() "
+                     f"= {extras['ratio']:.3f}")
     lines.append("targets:")
     for t in summary.get("targets", []):
         mark = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]

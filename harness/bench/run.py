@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.allocator import allocator_state
 from harness.bench import cases as C
 from harness.bench import report
 from harness.bench.decode import DECODE_FAMILIES, decode_times
@@ -191,8 +192,9 @@ def env_summary(device: torch.device) -> dict[str, Any]:
 
     info = env_info(str(device))
     info["threads"] = torch.get_num_threads()
+    info["allocator"] = allocator_state()  # what importing harness set (harness.allocator)
     info["allocator_env"] = {k: os.environ[k] for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                                                       "THP_MEM_ALLOC_ENABLE") if k in os.environ}
+                                                       "THP_MEM_ALLOC_ENABLE", "HARNESS_MALLOC") if k in os.environ}
     info["argv"] = sys.argv
     if device.type == "cpu":
         try:
@@ -229,10 +231,12 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
         "gemm_flops_per_s": gemm_rate,
         "limit_seq_len": limit_len,
         "limit_ratio": report.limit_ratios(rows, limit_len),
+        "delta_over_linear": report.delta_over_linear(rows, limit_len),
         "crossover": report.crossovers(rows),
         "memory_exponent": report.memory_exponents(rows),
         "decode": None,
         "loop": None,
+        "extras": None,
     }
     if cfg.decode and in_time():
         fams = tuple(f for f in DECODE_FAMILIES if f in cfg.families)
@@ -248,6 +252,13 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
         summary["loop"] = loop_efficiency(cfg.loop_overrides, steps=cfg.loop_steps, rounds=cfg.loop_rounds,
                                           device=cfg.device)
         log(f"[bench] training loop: {time.perf_counter() - start:.1f} s")
+    if cfg.loop and in_time():
+        from harness.bench.loop import extras_ratio
+
+        start = time.perf_counter()
+        summary["extras"] = extras_ratio(cfg.loop_overrides, steps=cfg.loop_steps, rounds=cfg.loop_rounds,
+                                         device=cfg.device)
+        log(f"[bench] extras ratio: {time.perf_counter() - start:.1f} s")
     summary["targets"] = report.targets(summary)
     summary["wall_time_s"] = time.time() - started
     return {"schema": 1, "kind": "bench", "config": asdict(cfg), "env": env_summary(device),
@@ -257,4 +268,6 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
                                "1024^3 float32 GEMM measured in the same run)",
                 "crossover": "shortest measured T from which the chunk form is faster than the parallel form",
                 "decode growth": "one step at the longest context / one step at the shortest",
-                "loop efficiency": "steps/s of harness.train.loop.train / steps/s of bare forward+backward+optimizer"}}
+                "loop efficiency": "steps/s of harness.train.loop.train / steps/s of bare forward+backward+optimizer",
+                "extras ratio": "steps/s of the plain loop (model.short_conv=false, no fault watch, no clipping) / "
+                                "steps/s of harness.train.loop.train, same data, optimizer and schedule"}}

@@ -6,4 +6,6 @@ CORE_FORMS = {
     "linear": ("parallel", "chunk", "recurrent"),
     "decay_scalar": ("parallel", "chunk", "recurrent"),
     "decay_per_dim": ("parallel", "chunk", "recurrent"),
+    "delta": ("parallel", "chunk", "recurrent"),
+    "delta_gated": ("parallel", "chunk", "recurrent"),
 }

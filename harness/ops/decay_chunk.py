@@ -246,26 +246,40 @@ def final_state_log_decay_grad(ds_final, s_final, per_dim: bool, dtype) -> torch
 
 
 class DecayChunkCPU(torch.autograd.Function):
-    """:class:`DecayChunk` with a scalar gate through the fused CPU kernel
-    (harness/ops/csrc/chunk_cpu.cpp): same signature and results; the kernel recomputes the
-    in-chunk weights in the backward pass instead of saving them."""
+    """:class:`DecayChunk` through the fused CPU kernels (harness/ops/csrc/chunk_cpu.cpp): same
+    signature and results, for scalar gates and per-dimension gates alike; the kernels recompute
+    the in-chunk weights in the backward pass instead of saving them.
+
+    A per-dimension gate enters the kernel as a = e^x (one vectorised exp here), every decay
+    between two positions being a product of a's there (each factor <= 1: nothing overflows);
+    its backward kernel returns the log decays' gradient summed over time already."""
 
     @staticmethod
     def forward(ctx, q, k, v, x, s0):
         m, n, c, _ = q.shape
-        o, starts, s_final = fused_cpu.kernels().decay_forward(
-            q, k, v, x.view(m, n, c), q.new_empty(0) if s0 is None else s0)
-        ctx.save_for_backward(q, k, v, x, starts, s_final)
+        s0_ = q.new_empty(0) if s0 is None else s0
+        ctx.per_dim = x.shape[-1] > 1
+        if ctx.per_dim:
+            a = torch.exp(x)
+            o, starts, s_final = fused_cpu.kernels().gated_forward(q, k, v, a, s0_)
+            ctx.save_for_backward(q, k, v, a, starts, s_final)
+        else:
+            o, starts, s_final = fused_cpu.kernels().decay_forward(q, k, v, x.view(m, n, c), s0_)
+            ctx.save_for_backward(q, k, v, x, starts, s_final)
         return o, s_final
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do, ds_final):
-        q, k, v, x, starts, s_final = ctx.saved_tensors
+        q, k, v, x_or_a, starts, s_final = ctx.saved_tensors
         m, n, c, _ = q.shape
-        dq, dk, dv, db, ds0 = fused_cpu.kernels().decay_backward(q, k, v, x.view(m, n, c), starts, do, ds_final)
+        want_dx = ctx.needs_input_grad[3]
+        if ctx.per_dim:
+            dq, dk, dv, dx, ds0 = fused_cpu.kernels().gated_backward(q, k, v, x_or_a, starts, s_final, do, ds_final)
+            return dq, dk, dv, dx if want_dx else None, ds0 if ctx.needs_input_grad[4] else None
+        dq, dk, dv, db, ds0 = fused_cpu.kernels().decay_backward(q, k, v, x_or_a.view(m, n, c), starts, do, ds_final)
         dx = None
-        if ctx.needs_input_grad[3]:
+        if want_dx:
             db = db.view(m, n, c, 1)
             db[:, -1, -1] += final_state_log_decay_grad(ds_final, s_final, False, db.dtype)
             dx = _reverse_cumsum_time(db)
@@ -274,13 +288,14 @@ class DecayChunkCPU(torch.autograd.Function):
 
 def decay_chunk(q, k, v, x, s0):
     """Apply :class:`DecayChunk` (see there) in one dtype (autocast's, if on), inputs made contiguous.
-    The log decays x keep their own precision, at least float32. Scalar gates with float32/64
-    CPU inputs go to the fused CPU kernel (:class:`DecayChunkCPU`, harness.ops.fused_cpu)."""
+    The log decays x keep their own precision, at least float32. float32/64 CPU inputs (q and x
+    in one dtype) go to the fused CPU kernels (:class:`DecayChunkCPU`, harness.ops.fused_cpu).
+    """
     dtype = compute_dtype(q, k, v)
     q, k, v = (t.to(dtype).contiguous() for t in (q, k, v))
     x = x.to(torch.promote_types(x.dtype, torch.float32)).contiguous()
     s0 = None if s0 is None else s0.to(dtype)
     with autocast_off(q.device.type):
-        if x.shape[-1] == 1 and fused_cpu.applies(q, x):
+        if fused_cpu.applies(q, x):
             return DecayChunkCPU.apply(q, k, v, x, s0)
         return DecayChunk.apply(q, k, v, x, s0)

@@ -33,7 +33,9 @@ where the library solve is the efficient choice.
 
 The chunk form computes W and U' for every chunk at once, then walks the chunks carrying S
 (one pair of batched matmuls per chunk: U_n = U'_n - W_n S_n, S_{n+1} = ...), then the
-outputs of every chunk at once. Its backward pass is autograd's.
+outputs of every chunk at once. Its backward pass is autograd's. On CPU (float32/64) the fused
+kernel runs the same arithmetic one sequence per thread, chunk by chunk, with a hand-written
+backward pass (:class:`DeltaChunkCPU`); this batched form is its oracle.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
+from . import fused_cpu
 from .segments import segsum, suffix_sum
 
 
@@ -140,11 +144,44 @@ def block_state(k_out: torch.Tensor, end_decay: Optional[torch.Tensor], u: torch
     return s + (s_in if end_decay is None else end_decay[..., None, None] * s_in)
 
 
+class DeltaChunkCPU(torch.autograd.Function):
+    """The chunk form through the fused CPU kernel (harness/ops/csrc/chunk_cpu.cpp), with a
+    hand-written backward pass: each thread walks whole sequences chunk by chunk (per chunk the
+    module docstring's products, U by one triangular solve), recomputing a chunk's factors in
+    the backward pass instead of saving them. q, k (M, N, C, Dk), v (M, N, C, Dv), beta and x
+    (M, N, C) (x None: no decay), s0 (M, Dk, Dv) or None, contiguous, one dtype; the log decays'
+    gradient comes back summed over time (see the kernel's comment for its identity)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, x, s0):
+        empty = q.new_empty(0)
+        x_ = empty if x is None else x
+        o, starts, s_final = fused_cpu.kernels().delta_forward(q, k, v, beta, x_, empty if s0 is None else s0)
+        ctx.save_for_backward(q, k, v, beta, x_, starts, s_final)
+        ctx.gated = x is not None
+        return o, s_final
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do, ds_final):
+        q, k, v, beta, x, starts, s_final = ctx.saved_tensors
+        dq, dk, dv, dbeta, dx, ds0 = fused_cpu.kernels().delta_backward(q, k, v, beta, x, starts, s_final, do, ds_final)
+        need = ctx.needs_input_grad
+        return dq, dk, dv, dbeta, dx if ctx.gated and need[4] else None, ds0 if need[5] else None
+
+
 def delta_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, x: Optional[torch.Tensor],
                 s0: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk form over chunked inputs: q, k (B, H, N, C, Dk), v (B, H, N, C, Dv), beta and x
     (B, H, N, C) (x None: no decay), s0 (B, H, Dk, Dv) or None. Returns o (B, H, N, C, Dv) and
-    the final state (B, H, Dk, Dv)."""
+    the final state (B, H, Dk, Dv). float32/64 CPU inputs go to the fused kernel
+    (:class:`DeltaChunkCPU`); the batched form below is its oracle."""
+    if fused_cpu.applies(q, k, v, beta, *(t for t in (x, s0) if t is not None)):
+        b, h, n, c, dk = q.shape
+        flat = lambda t: t.reshape(b * h, *t.shape[2:]).contiguous()  # noqa: E731  (B*H, ...)
+        o, s = DeltaChunkCPU.apply(flat(q), flat(k), flat(v), flat(beta), None if x is None else flat(x),
+                                   None if s0 is None else flat(s0))
+        return o.view(b, h, n, c, -1), s.view(b, h, dk, -1)
     blk = block_factors(q, k, beta, x)
     w, u_own = block_corrections(blk, v, beta, many=True)  # (B, H, N, C, Dk), (B, H, N, C, Dv)
     state, starts, us = s0, [], []

@@ -1,0 +1,61 @@
+"""The short causal depthwise convolution of the mixers: y_t = b + sum_i w_i x_{t-K+1+i}, per channel.
+
+x (B, T, C) as the projections produce it, weight (C, K) (nn.Conv1d's depthwise weight without
+its middle axis), bias (C); positions before the first are zero, so y_t reads x_{<=t} only.
+Three ways to compute it, one result:
+  - the fused CPU kernel (csrc/conv_cpu.cpp, float32/64): one pass over x forward, one over
+    x and dy backward;
+  - K shifted multiply-adds on the (B, T, C) layout (any device and dtype): each a pass over
+    the tensor with its own backward node, at training sizes about a sixth of a step on CPU;
+  - F.conv1d with left padding (:func:`causal_conv_reference`, two transposes): the oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from . import fused_cpu
+
+
+class CausalConvCPU(torch.autograd.Function):
+    """(x, weight, bias) -> y through the fused CPU kernel; the kernel wants the taps as (K, C)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        w = weight.t().contiguous()  # (K, C)
+        ctx.save_for_backward(x, w)
+        return fused_cpu.kernels().conv_forward(x, w, bias.contiguous())
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx, dw, dbias = fused_cpu.kernels().conv_backward(x, w, dy)
+        return dx, dw.t(), dbias
+
+
+def _shifted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    size, t = weight.shape[1], x.shape[1]
+    padded = F.pad(x, (0, 0, size - 1, 0))  # (B, T + K - 1, C)
+    w = weight.t()  # (K, C)
+    y = torch.addcmul(bias, padded[:, :t], w[0])
+    for i in range(1, size):
+        y = y.addcmul(padded[:, i:i + t], w[i])
+    return y
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """y (B, T, C) of x (B, T, C), weight (C, K), bias (C): the fused kernel where it applies
+    (float32/64 CPU, one dtype), else the shifted multiply-adds."""
+    if fused_cpu.applies(x, weight, bias):
+        return CausalConvCPU.apply(x.contiguous(), weight, bias)
+    return _shifted(x, weight, bias)
+
+
+def causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The same convolution by F.conv1d (the oracle of the tests)."""
+    t, size = x.shape[1], weight.shape[1]
+    y = F.conv1d(x.transpose(1, 2), weight.unsqueeze(1), bias, padding=size - 1, groups=x.shape[2])
+    return y[..., :t].transpose(1, 2)  # left padding only -> causal

@@ -1,0 +1,44 @@
+"""The short causal convolution: fused CPU kernel and shifted multiply-adds against F.conv1d."""
+import pytest
+import torch
+
+import harness.ops.fused_cpu as fused
+from harness.ops.conv import causal_conv, causal_conv_reference
+
+
+def outputs_and_grads(fn, x, w, b):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    y = fn(*leaves)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(y.dtype)
+    return y, [y.detach(), *torch.autograd.grad(y, leaves, g)]
+
+
+@pytest.mark.parametrize("use_fused", (True, False))
+@pytest.mark.parametrize("shape", [(3, 9, 6, 4), (2, 2, 5, 4), (4, 17, 33, 1), (1, 8, 7, 2), (5, 6, 3, 5)])
+def test_matches_conv1d_float64(shape, use_fused, monkeypatch):
+    if use_fused and fused._load() is None:
+        pytest.skip("the fused kernel could not be built here")
+    monkeypatch.setattr(fused, "_enabled", use_fused)
+    b, t, c, size = shape  # T = 2 < K = 4 in the second: the padding covers the whole sequence
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(b, t, c, generator=g, dtype=torch.float64)
+    w, bias = torch.randn(c, size, generator=g, dtype=torch.float64), torch.randn(c, generator=g, dtype=torch.float64)
+    y, got = outputs_and_grads(causal_conv, x, w, bias)
+    assert (type(y.grad_fn).__name__ == "CausalConvCPUBackward") == use_fused  # the path under test ran
+    _, want = outputs_and_grads(causal_conv_reference, x, w, bias)
+    for a, r in zip(got, want):
+        torch.testing.assert_close(a, r, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(fused._load() is None, reason="the fused kernel could not be built here")
+def test_fused_float32_and_causal(monkeypatch):
+    monkeypatch.setattr(fused, "_enabled", True)
+    g = torch.Generator().manual_seed(0)
+    x, w, bias = torch.randn(64, 64, 192, generator=g), torch.randn(192, 4, generator=g), torch.randn(192, generator=g)
+    _, got = outputs_and_grads(causal_conv, x, w, bias)
+    _, want = outputs_and_grads(causal_conv_reference, x.double(), w.double(), bias.double())
+    for a, r in zip(got, want):
+        torch.testing.assert_close(a.double(), r, rtol=1e-4, atol=1e-4)  # dw, dbias: sums of 4,096 terms
+    x2 = x.clone()
+    x2[:, 30] += 1.0  # a change at t = 30 moves nothing before it
+    assert torch.equal(causal_conv(x2, w, bias)[:, :30], causal_conv(x, w, bias)[:, :30])
