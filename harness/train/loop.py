@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from harness.errors import RunError
+from harness.errors import OutOfMemory, RunError, first_line, is_out_of_memory
 from harness.layers.parts import qk_width
 from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
                              flat_config, write_json)
@@ -238,8 +238,8 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     if saved is not None:
         loop = _restore(saved, model, opt, sched)
         started -= loop.elapsed_s
-        print(f"[harness] resuming from {out_dir / checkpoint.CHECKPOINT_FILE} at step {loop.step}")
-    ckpt_path = out_dir / checkpoint.CHECKPOINT_FILE
+        print(f"[harness] resuming from {saved['path']} at step {loop.step}")
+    ckpt_path = Path(saved["path"]) if saved is not None else None
     ckpt_step = loop.step if saved is not None else None
 
     from harness.outputs.wandb_logger import make_logger
@@ -294,7 +294,8 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
             if (due or terminate.requested) and step < tr.max_steps:
                 watch.check()  # only a clean state is saved: the last checkpoint is always good
                 loop.elapsed_s = time.time() - started
-                checkpoint.save(ckpt_path, _checkpoint_payload(cfg, model, opt, sched, loop, logger))
+                ckpt_path = checkpoint.save_checkpoint(out_dir, step, _checkpoint_payload(
+                    cfg, model, opt, sched, loop, logger))
                 ckpt_step = step
                 if terminate.requested:
                     raise RunError(f"stopped by SIGTERM after step {step}; the checkpoint "
@@ -320,17 +321,25 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         summary["wall_time_s"] = time.time() - started
         results["summary"] = summary
         results["env"] = env_info(str(device))
-        if tr.checkpoint:
-            checkpoint.save(out_dir / "model.pt", {"model": model.state_dict(),
-                                                   "config": OmegaConf.to_container(cfg, resolve=True)})
+        if tr.checkpoint:  # its checksum goes into results.json (checkpoint.load_model verifies it)
+            results["files"] = {checkpoint.MODEL_FILE: checkpoint.save_model(
+                out_dir, {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True)})}
         write_json(out_dir / RESULTS_FILE, results)
-        ckpt_path.unlink(missing_ok=True)  # finished: model.pt and results.json replace it
+        checkpoint.remove_checkpoints(out_dir)  # finished: model.pt and results.json replace them
         logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
         failed = False
     except NumericalFault as fault:
         fault.record["checkpoint"] = ({"path": str(ckpt_path), "step": ckpt_step}
                                       if ckpt_step is not None else None)
         raise
+    except Exception as exc:  # an allocation that failed although the estimate fitted
+        if not is_out_of_memory(exc):
+            raise
+        raise OutOfMemory(f"out of memory at step {loop.step} of training ({first_line(exc)}); "
+                          f"lower trainer.batch_size or trainer.eval_examples, or use a larger device",
+                          oom={"step": loop.step, "error": first_line(exc, 500)},
+                          checkpoint={"path": str(ckpt_path), "step": ckpt_step} if ckpt_step is not None
+                          else None) from None
     finally:
         terminate.restore()
         metrics.close()
