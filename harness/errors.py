@@ -53,3 +53,8 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message, at most `limit` characters."""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ResourceError(ValueError):
+    """A request the device cannot hold, refused before any allocation with the estimate and the
+    limit (bad input for this machine: exit code 2)."""

@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     if not _is_multirun(argv) and not _wants_hydra_only(argv):
         overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")]
         try:
-            compose_config(overrides)
+            from harness.run.resources import check_resources
+
+            check_resources(compose_config(overrides))  # a run the device cannot hold: refused here
         except ValueError as exc:
             if not in_one_line(exc):
                 raise

@@ -216,9 +216,13 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     """
     from harness.outputs import checkpoint
     from harness.train.faults import FaultWatch, NumericalFault
+    from harness.train.memory import EVAL_CHUNK, check_training
 
     started = time.time()
     tr = cfg.trainer
+    eval_batch = check_training(cfg)  # before any allocation: refused, or evaluation in pieces that fit
+    if eval_batch < min(EVAL_CHUNK, tr.eval_examples):
+        print(f"[harness] evaluation in pieces of {eval_batch} examples (more at once would not fit)")
     device = select_device(tr.device)
     torch.manual_seed(cfg.seed)
     if device.type == "cpu":
@@ -279,7 +283,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                 on_step(step)
             if step % tr.eval_every == 0 or step == tr.max_steps:
                 watch.check()
-                loop.last_eval = evaluate(model, eval_sets, autocast)
+                loop.last_eval = evaluate(model, eval_sets, autocast, chunk=eval_batch)
                 loop.eval_step = step
                 row = {"step": step, "time_s": time.time() - started,
                        "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
@@ -304,7 +308,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         watch.check()
         step, last_eval = loop.step, loop.last_eval
         if loop.eval_step != step:
-            last_eval = evaluate(model, eval_sets, autocast)
+            last_eval = evaluate(model, eval_sets, autocast, chunk=eval_batch)
         summary: dict[str, Any] = {
             "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
             "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
