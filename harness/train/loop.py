@@ -168,6 +168,28 @@ def _fmt_bytes(n: float) -> str:
     return f"{n} B"
 
 
+class StepClock:
+    """The loop's on_step callback, timing each step: from the loop's start (or the previous
+    step's end) to the end of its optimizer step. The median drops the intervals that also hold
+    an evaluation or a checkpoint; a single step is timed whole (its first-call set-up included)."""
+
+    def __init__(self, then: Callable[[int], None] | None = None) -> None:
+        self.then, self.last, self.intervals = then, time.perf_counter(), []
+
+    def __call__(self, step: int) -> None:
+        now = time.perf_counter()
+        self.intervals.append(now - self.last)
+        self.last = now
+        if self.then is not None:
+            self.then(step)
+
+    def seconds_per_step(self) -> float | None:
+        if not self.intervals:
+            return None
+        ordered = sorted(self.intervals)
+        return ordered[len(ordered) // 2]
+
+
 @dataclass
 class LoopState:
     """What the training loop carries from step to step besides the model and optimiser."""
@@ -260,6 +282,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{mcfg.name}",
                    disable=not tr.progress, dynamic_ncols=True, leave=True)
         stopped_early = False
+        on_step = clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
         while loop.step < tr.max_steps:
             inputs, targets = next(batches)
             with watch.forward_pass(), autocast():
@@ -312,6 +335,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         summary: dict[str, Any] = {
             "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
             "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
+            "step_time_s": clock.seconds_per_step(),
             **state_summary(model, max_len),
         }
         for p in last_eval["settings"]:
