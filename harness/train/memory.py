@@ -7,7 +7,9 @@ adds one forward pass over `chunk` examples without them. Per token and layer a 
 keeps its norms, q/k/v (before and after the short convolution and the feature map), the
 mixer's read-out and the MLP's hidden layer; the mixer's core adds what its form forms at once
 (harness.ops): an (c x c) block per chunk and a state per chunk boundary (chunk form), the
-(T x T) weights (parallel form, softmax), a state per token (recurrent form). The logits cost
+(T x T) weights (parallel form), a state per token (recurrent form); softmax's fused kernel
+forms no (T x T) matrix. The end-of-run measurements hold every mixer's hook tensors for
+`measure_examples` examples at once (harness.measure.trained). The logits cost
 three vocabulary-wide rows per token (logits, log-softmax, gradient).
 
 The figures are deliberately a little high: tests/test_resources.py holds every built-in mixer
@@ -78,8 +80,8 @@ def _mixer_elements(f: ModelFacts, T: int, training: bool) -> float:
     """Elements per token one mixer's core forms at once (kept for the backward when training)."""
     H, m, dv = f.n_heads, f.d_key, f.d_model // f.n_heads
     per_dim = m if f.core == "decay_per_dim" else 1
-    if f.core == "softmax":  # the weights of the attention (the fused kernel may form fewer)
-        return (2.0 if training else 0.5) * H * T
+    if f.core == "softmax":  # the fused kernel never forms the (T x T) weights (harness.ops.softmax)
+        return (8.0 if training else 4.0) * H * dv
     if f.core == "":  # a mixer that declares no core: as much as a softmax, to be safe
         return 2.0 * H * T + 4.0 * f.d_model
     if f.form == "parallel":
@@ -103,12 +105,13 @@ def _block_elements(f: ModelFacts, T: int, training: bool) -> float:
     return dense + _mixer_elements(f, T, training)
 
 
-def activation_bytes(f: ModelFacts, batch: int, T: int, training: bool) -> float:
+def activation_bytes(f: ModelFacts, batch: int, T: int, training: bool, logit_rows: int | None = None) -> float:
     """One forward pass over (batch, T) tokens: every block's activations when training (all are
-    kept for the backward pass), one block's at a time when not; plus the logits."""
+    kept for the backward pass), one block's at a time when not; plus `logit_rows` vocabulary-wide
+    rows per token (training: logits, log-softmax, gradient; evaluation: logits and the masked copy)."""
     tokens = batch * T
     blocks = f.n_layers if training else 1
-    logits = (3 if training else 2) * f.vocab
+    logits = (logit_rows if logit_rows is not None else 3 if training else 2) * f.vocab
     return FLOAT * tokens * (blocks * _block_elements(f, T, training) + logits + 4 * f.d_model)
 
 
@@ -124,6 +127,20 @@ def eval_bytes(f: ModelFacts, lengths: list[int], batch: int, examples: int) -> 
     held = sum(examples * T * TOKEN_DATA / 2 for T in lengths)
     return state_bytes(f) + held + max(activation_bytes(f, min(batch, examples), T, training=False)
                                        for T in lengths) + HEADROOM
+
+
+def measure_bytes(f: ModelFacts, lengths: list[int], examples: int) -> float:
+    """Peak bytes of the end-of-run measurements (harness.measure.trained.measure_model): every
+    mixer's hook tensors (q and k before and after the feature map, v, the read-out) for
+    `examples` examples of an evaluation set, captured MEASURE_CHUNK examples per forward pass,
+    beside the run's state."""
+    from harness.measure.trained import MEASURE_CHUNK
+
+    H, dv = f.n_heads, f.d_model // f.n_heads
+    hooks = f.n_layers * (2 * H * f.d_qk + 2 * H * f.d_key + 2 * H * dv + H)
+    return state_bytes(f) + max(activation_bytes(f, min(examples, MEASURE_CHUNK), T, training=False, logit_rows=1)
+                                + 2 * FLOAT * examples * T * hooks
+                                for T in lengths) + HEADROOM
 
 
 def train_bytes(f: ModelFacts, batch: int, T: int, data_chunk: int) -> float:
@@ -180,6 +197,13 @@ def check_training(cfg: DictConfig) -> int:
         raise ResourceError(f"evaluation: {tr.eval_examples} examples at length {max(shape.eval_lens)} "
                             f"needs about {format_bytes(need)} even one example at a time; "
                             f"{where} has {format_bytes(limit)}")
+    if tr.measure:
+        examples = min(tr.measure_examples, tr.eval_examples)
+        need = measure_bytes(f, shape.eval_lens, examples)
+        if need > limit:
+            raise ResourceError(f"measurement: {examples} examples at length {max(shape.eval_lens)} needs about "
+                                f"{format_bytes(need)} (lower trainer.measure_examples, or set "
+                                f"trainer.measure=false); {where} has {format_bytes(limit)}")
     return chunk
 
 
