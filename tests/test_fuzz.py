@@ -152,9 +152,10 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def quiet_process(monkeypatch):
+def quiet_process(monkeypatch, workdir):
     threads = torch.get_num_threads()
     monkeypatch.setattr(sys, "argv", ["harness"])
+    monkeypatch.chdir(workdir)  # a relative path a draw names (trainer.resume=.) stays in tmp
     yield
     torch.set_num_threads(threads)
 
