@@ -14,9 +14,9 @@ cluster job. Probe and cost runs have no steps: they run whole (cost with one ti
 
 The cost of the full profile is reported per experiment: jobs x steps x seconds per step, the
 seconds per step measured in each smoke job (its one step, first-call set-up included, so an
-upper estimate) and scaled from the smoke's batch to the profile's; evaluation is counted as
-forward passes (a third of a step's work per example); probe and cost runs count their measured
-time. The device is the one the smoke ran on; run the smoke on a GPU node for a GPU's figure.
+upper estimate) and scaled from the smoke's batch to the profile's; each evaluation and the
+end-of-run measurements are scaled from the smoke's examples to the profile's in the same way;
+probe and cost runs count their measured time. The device is the one the smoke ran on; run the smoke on a GPU node for a GPU's figure.
 """
 from __future__ import annotations
 
@@ -115,6 +115,7 @@ def _full_settings(profile: str, name: str) -> dict:
     tr = cfg.trainer
     return {"mode": cfg.mode, "max_steps": tr.max_steps, "batch_size": tr.batch_size,
             "eval_every": tr.eval_every, "eval_examples": tr.eval_examples,
+            "measure_examples": min(tr.measure_examples, tr.eval_examples) if tr.measure else 0,
             "jobs": job_count(params, "all")}
 
 
@@ -126,12 +127,18 @@ def job_seconds(result: dict, full: dict) -> float | None:
     step = summary.get("step_time_s")
     if step is None:
         return None
-    batch = (result.get("config") or {}).get("trainer.batch_size") or SMOKE_BATCH
-    per_example = step / batch
-    settings = max(1, sum(1 for k in summary if k.startswith("accuracy/")))
+    config = result.get("config") or {}
+    batch = config.get("trainer.batch_size") or SMOKE_BATCH
+    examples = config.get("trainer.eval_examples") or SMOKE_BATCH
+    measured = min(config.get("trainer.measure_examples") or SMOKE_BATCH, examples)
+    measure = summary.get("measure_time_s") or 0.0
+    setup = summary.get("setup_time_s") or 0.0
+    steps = summary.get("steps") or 1
+    evaluation = max(0.0, summary.get("wall_time_s", 0.0) - setup - steps * step - measure)  # one evaluation
     evals = full["max_steps"] // full["eval_every"] + 1
-    return (full["max_steps"] * per_example * full["batch_size"]
-            + evals * settings * full["eval_examples"] * per_example / 3)
+    return (setup + full["max_steps"] * step * full["batch_size"] / batch
+            + evals * evaluation * full["eval_examples"] / examples
+            + measure * full["measure_examples"] / max(1, measured))
 
 
 def cost_estimate(profile: str, root: Path, names: list[str]) -> dict:

@@ -240,7 +240,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     from harness.train.faults import FaultWatch, NumericalFault
     from harness.train.memory import EVAL_CHUNK, check_training
 
-    started = time.time()
+    started, t0 = time.time(), time.perf_counter()
     tr = cfg.trainer
     eval_batch = check_training(cfg)  # before any allocation: refused, or evaluation in pieces that fit
     if eval_batch < min(EVAL_CHUNK, tr.eval_examples):
@@ -283,6 +283,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                    disable=not tr.progress, dynamic_ncols=True, leave=True)
         stopped_early = False
         on_step = clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
+        setup_s = clock.last - t0
         while loop.step < tr.max_steps:
             inputs, targets = next(batches)
             with watch.forward_pass(), autocast():
@@ -342,10 +343,13 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
             summary[f"accuracy/{p['name']}"] = p["accuracy"]
         results["slices"] = last_eval["slices"]
         if tr.measure:
+            measure_t0 = time.perf_counter()
             measured = _measure(model, eval_sets, tr.measure_examples)
+            summary["measure_time_s"] = time.perf_counter() - measure_t0
             summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
             results["heads"] = measured["heads"]
             results["measure"] = measured["measure"]
+        summary["setup_time_s"] = setup_s  # this process's, before its first step
         summary["wall_time_s"] = time.time() - started
         results["summary"] = summary
         results["env"] = env_info(str(device))
