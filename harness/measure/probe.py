@@ -253,7 +253,7 @@ def probe_row_bytes(model: str, d: int, n: int, *, candidates: int = 1024, max_q
     else:
         step = max(1, min(chunk, n, FEATURE_BUDGET // (states * m)))
         block = states * step * max(m, d_v)
-        work = item * (states * m * (d_v + 1) + 4 * block) + 4 * FEATURE_BUDGET
+        work = item * (3 * states * m * (d_v + 1) + 4 * block) + 4 * FEATURE_BUDGET  # S, S + dS, dS
     draw = features.draw_bytes(getattr(cls, "feature", ""), d) if getattr(cls, "feature", None) else 0
     return int(held + work + draw)
 
