@@ -28,8 +28,8 @@ def harness(*overrides):
 
 
 def comparable(results: dict) -> dict:
-    """Everything a run computes: drop wall times and the environment."""
-    summary = {k: v for k, v in results["summary"].items() if k != "wall_time_s"}
+    """Everything a run computes: drop the times (wall, set-up, step, measurement) and the environment."""
+    summary = {k: v for k, v in results["summary"].items() if not k.endswith("_time_s")}
     return {"summary": summary, "slices": results["slices"], "heads": results["heads"]}
 
 
