@@ -2,12 +2,20 @@
 
     python -m analysis.figures --profile quick --out figures/quick       # run missing sweeps, plot
     python -m analysis.figures --results results/quick --out figs       # plot existing results only
+    python -m analysis.figures --profile paper --smoke                   # every paper job, one step each
 
 Each sweep's results live in ``<results>/<experiment>/``; the default results root is
 ``results/<profile>``. A missing sweep is run as
 ``python -m harness -m +experiment=<name> hydra.sweep.dir=<results>/<name>``
 (``+experiment=paper/<name>`` for the paper profile). Every figure is written as PNG and
-PDF; a figure whose data is absent is skipped with a warning.
+PDF; a figure whose data is absent is skipped with a warning, and the command then exits 1
+naming it. Bad arguments (a results path that does not exist, an unknown figure, an output
+folder that cannot be written) stop it with one line and exit code 2 before any work.
+
+``--smoke`` runs every experiment file of the profile (discovered from
+harness/conf/experiment/<profile>/, so a new experiment needs no list here) through the same
+launcher with one training step per job on the CPU at the profile's sizes, draws every figure
+from those results, and prints what the full profile would cost (analysis.smoke).
 
 The figure functions are importable from here for notebooks: each takes the long frame
 of ``analysis.loader.load_all`` (or a results path) and returns a matplotlib Figure.
@@ -100,52 +108,123 @@ def save_figure(fig, out_dir: Path, name: str) -> list[Path]:
 
 
 def render(specs, root: Path, out_dir: Path) -> tuple[dict[str, list[Path]], list[str]]:
-    """Draw and save each figure from ``root``: (paths of the figures written, names that broke).
+    """Draw and save each figure from ``root``: (paths of the figures written, names not drawn).
 
-    Absent data skips a figure quietly apart from its warning; a figure that raises is
-    reported and the others still drawn.
+    A figure whose data is absent is skipped with its warning; one that raises is reported;
+    the others are still drawn either way.
     """
-    written, broken = {}, []
+    written, missed = {}, []
     for spec in specs:
         try:
             fig = spec.draw() if spec.experiment is None else spec.draw(load_all(root / spec.experiment))
         except NoResultsError as err:
             warn(f"figure {spec.name} skipped: {err}")
+            missed.append(spec.name)
             continue
         except Exception as err:  # one broken figure must not cost the others
             warn(f"figure {spec.name} failed: {type(err).__name__}: {err}")
-            broken.append(spec.name)
+            missed.append(spec.name)
             continue
-        if fig is not None:
-            written[spec.name] = save_figure(fig, out_dir, spec.name)
-            print(f"{spec.name}: " + ", ".join(str(p) for p in written[spec.name]), flush=True)
-    return written, broken
+        if fig is None:
+            missed.append(spec.name)
+            continue
+        written[spec.name] = save_figure(fig, out_dir, spec.name)
+        print(f"{spec.name}: " + ", ".join(str(p) for p in written[spec.name]), flush=True)
+    return written, missed
+
+
+class ArgumentError(ValueError):
+    """A bad argument of this command: one line, exit code 2."""
+
+
+def check_arguments(args) -> tuple[Path, Path]:
+    """(results root, output folder), both usable, before any work; ArgumentError otherwise."""
+    root = Path(args.results) if args.results else Path("results") / (
+        f"{args.profile}-smoke" if args.smoke else args.profile)
+    out_dir = Path(args.out) if args.out else Path("figures") / (f"{args.profile}-smoke" if args.smoke else args.profile)
+    if args.results:
+        if args.smoke:
+            raise ArgumentError("--smoke runs its own sweeps: give --out (and no --results)")
+        if not root.exists():
+            raise ArgumentError(f"--results {root}: no such file or directory")
+        try:
+            find_results(root)
+        except NoResultsError as err:
+            raise ArgumentError(f"--results {root}: {err}") from None
+    _check_writable(out_dir, "--out")
+    if not args.results:
+        _check_writable(root, "results folder")
+    return root, out_dir
+
+
+def _check_writable(folder: Path, what: str) -> None:
+    """Create ``folder`` (and its parents) and write a file there: a place that cannot take the
+    figures fails now, not after an hour of sweeps."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise ArgumentError(f"{what} {folder}: cannot write there ({err.strerror or err})") from None
 
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        root, out_dir = check_arguments(args)
+    except ArgumentError as err:
+        print(f"python -m analysis.figures: error: {err}", file=sys.stderr)
+        return 2
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window
     specs = [s for s in FIGURES if not args.only or s.name in args.only]
-    root = Path(args.results) if args.results else Path("results") / args.profile
-    out_dir = Path(args.out) if args.out else Path("figures") / args.profile
+    if args.smoke:
+        from analysis import smoke
+
+        chosen = {s.experiment for s in specs if s.experiment} if args.only else None
+        return smoke.run(args.profile, root, out_dir, specs, smoke_grid=args.smoke_grid, only=chosen)
     if not args.results:
         experiments = dict.fromkeys(s.experiment for s in specs if s.experiment)
         run_missing_sweeps(root, experiments, args.profile)
-    written, broken = render(specs, root, out_dir)
+    written, missed = render(specs, root, out_dir)
+    return report(written, missed, specs, out_dir)
+
+
+def report(written, missed, specs, out_dir: Path) -> int:
+    """The closing lines: what was written, and (exit code 1) which figures were not drawn."""
     print(f"wrote {len(written)} of {len(specs)} figures to {out_dir}")
-    return 1 if broken else 0
+    if missed:
+        print(f"python -m analysis.figures: {len(missed)} figure(s) not drawn: {', '.join(missed)} "
+              "(see the warnings above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m analysis.figures", description=__doc__.split("\n")[0])
+    parser = _OneLineParser(prog="python -m analysis.figures", description=__doc__.split("\n")[0])
     parser.add_argument("--profile", choices=PROFILES, default="quick",
                         help="sweep size: experiment files <name> (quick) or paper/<name> (paper)")
     parser.add_argument("--out", help="folder for the PNG and PDF files (default figures/<profile>)")
     parser.add_argument("--results", help="plot existing results under this root; run nothing")
     parser.add_argument("--only", nargs="+", choices=[s.name for s in FIGURES], metavar="FIGURE",
                         help="draw only these figures: " + ", ".join(s.name for s in FIGURES))
+    parser.add_argument("--smoke", action="store_true",
+                        help="run every experiment of the profile with one training step per job on the CPU "
+                             "(results under results/<profile>-smoke), draw the figures, print the full cost")
+    parser.add_argument("--smoke-grid", choices=("all", "last"), default="all",
+                        help="with --smoke: every job of each grid (all), or only the last value of each "
+                             "swept key but the mixer (last: the largest sizes, a quicker check)")
     return parser
 
 

@@ -22,12 +22,15 @@
 # Results come from `$HARNESS_RESULTS/capacity` (default `results/quick/capacity`), the sweep
 # `python -m harness -m +experiment=capacity`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/capacity, else results/quick/capacity
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.capacity import capacity_figure, capacity_points
 
-results = load_all(results_root() / "capacity")
+results = params.results("capacity", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

@@ -23,22 +23,27 @@
 # Timings come from `$HARNESS_RESULTS/cost` (default `results/quick/cost`), the sweep
 # `python -m harness -m +experiment=cost`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/cost, else results/quick/cost
+d_head = 64         # per-head width of the first state-against-KV-cache figure (GPT-2's)
+d_head_wide = 128   # and of the second
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.cost import cost_figure, cost_rows, cost_slopes, state_figure
 
-state_figure(d_head=64)
+state_figure(d_head=params.positive_int("d_head", d_head, maximum=65536))
 
 # %% [markdown]
 # At d = 128 the crossover moves to about 64 tokens, and the materialised softmax weights of
 # the parallel form reach 10^10 entries per head at N = 100,000.
 
 # %%
-state_figure(d_head=128)
+state_figure(d_head=params.positive_int("d_head_wide", d_head_wide, maximum=65536))
 
 # %%
-results = load_all(results_root() / "cost")
+results = params.results("cost", results_dir)
 rows = cost_rows(results)
 rows.pivot_table(index="seq_len", columns=["pass", "family", "form"], values="time_s")
 

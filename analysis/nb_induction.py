@@ -21,12 +21,15 @@
 # Results come from `$HARNESS_RESULTS/induction` (default `results/quick/induction`), the
 # sweep `python -m harness -m +experiment=induction`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/induction, else results/quick/induction
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.induction import induction_figure, induction_rows
 
-results = load_all(results_root() / "induction")
+results = params.results("induction", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

@@ -21,12 +21,15 @@
 # Results come from `$HARNESS_RESULTS/mqar` (default `results/quick/mqar`), the sweep
 # `python -m harness -m +experiment=mqar`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/mqar, else results/quick/mqar
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.mqar import WIDTH, best_over_lr, mqar_figure, mqar_points
 
-results = load_all(results_root() / "mqar")
+results = params.results("mqar", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

@@ -22,12 +22,15 @@
 # Results come from `$HARNESS_RESULTS/sharpness` (default `results/quick/sharpness`), the
 # sweep `python -m harness -m +experiment=sharpness`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/sharpness, else results/quick/sharpness
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.sharpness import sharpness_figure, sharpness_rows
 
-results = load_all(results_root() / "sharpness")
+results = params.results("sharpness", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

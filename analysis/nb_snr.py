@@ -22,12 +22,15 @@
 # Results come from `$HARNESS_RESULTS/snr` (default `results/quick/snr`), the sweep
 # `python -m harness -m +experiment=snr`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/snr, else results/quick/snr
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.snr import fit_slopes, snr_figure, snr_points
 
-results = load_all(results_root() / "snr")
+results = params.results("snr", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

@@ -25,3 +25,36 @@ def in_one_line(exc: BaseException) -> bool:
     """Whether exc is reported as one line: bad input (ValueError) and run errors, unless
     HYDRA_FULL_ERROR=1 (Hydra's own switch, honoured everywhere) asks for the traceback."""
     return isinstance(exc, (ValueError, RunError)) and os.environ.get("HYDRA_FULL_ERROR") != "1"
+
+
+class DamagedFile(ValueError):
+    """A file the harness wrote earlier that no longer matches its checksum or does not load
+    (truncated by a full disk, cut short by a partial copy, a flipped bit)."""
+
+
+class OutOfMemory(RunError, MemoryError):
+    """An allocation failed mid-run although the estimate before it fitted."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether exc is an allocation failure: CUDA's OutOfMemoryError, Python's MemoryError, or
+    the RuntimeError the CPU allocator raises ("DefaultCPUAllocator: can't allocate memory")."""
+    import torch
+
+    if isinstance(exc, OutOfMemory):
+        return False  # already reported as one
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in str(exc)
+                                              or "out of memory" in str(exc).lower()[:200])
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, at most `limit` characters."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ResourceError(ValueError):
+    """A request the device cannot hold, refused before any allocation with the estimate and the
+    limit (bad input for this machine: exit code 2)."""

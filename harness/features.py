@@ -153,6 +153,16 @@ def feature_map(name: str, d: int, *, m: int | None = None, seed: int = 0):
     raise ValueError(f"unknown feature map {name!r}; expected one of {NAMES}")
 
 
+def draw_bytes(name: str, d: int, m: int | None = None) -> int:
+    """Peak bytes of building the map ``name`` for inputs of dimension d: FAVOR+'s float64 draw
+    (the Gaussian blocks, their QR factors, the rows and their norms); 0 for the fixed maps."""
+    if name != "favor":
+        return 0
+    m = feature_dim(name, d, m)
+    blocks = -(-m // d)
+    return 8 * (3 * blocks * d * d + 3 * m * d)
+
+
 def feature_dim(name: str, d: int, m: int | None = None) -> int:
     """Output dimension of the feature map ``name`` on inputs of dimension d."""
     if name in ("identity", "elu1"):

@@ -245,3 +245,53 @@ def test_a_spent_time_budget_skips_the_rest_and_still_reports():
     result = run_benchmark(cfg, log=lambda s: None)
     assert {r["status"] for r in result["rows"]} == {"skipped: time budget spent"}
     assert result["summary"]["decode"] is None and result["summary"]["targets"]
+
+
+BAD_BENCH = [
+    (["--seq-lens", "0"], "--seq-lens must be a non-empty list of integers >= 1, got [0]"),
+    (["--seq-lens", ""], "--seq-lens must be a non-empty list of integers >= 1, got []"),
+    (["--seq-lens", "abc"], "argument --seq-lens: expected comma-separated integers, got 'abc'"),
+    (["--families", "foo"], "--families must be a non-empty list drawn from softmax, linear"),
+    (["--forms", "blocked"], "--forms must be a non-empty list drawn from chunk, parallel, recurrent"),
+    (["--families", "softmax", "--forms", "chunk"], "--forms chunk has no form of family softmax"),
+    (["--passes", "bwd"], "--passes must be a non-empty list drawn from fwd, fwdbwd"),
+    (["--chunk-sizes", "0,64"], "--chunk-sizes must be a non-empty list of integers >= 1"),
+    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N, got 'tpu'"),
+    (["--batch", "0"], "--batch must be a positive integer, got 0"),
+    (["--heads", "-2"], "--heads must be a positive integer, got -2"),
+    (["--repeats", "0"], "--repeats must be a positive integer"),
+    (["--threads", "0"], "--threads must be a positive integer or null, got 0"),
+    (["--max-call-s", "0"], "--max-call-s must be a positive number"),
+    (["--time-budget-s", "-5"], "--time-budget-s must be a positive number or null"),
+    (["--decode-contexts", "0"], "--decode-contexts must be a non-empty list of integers >= 1"),
+    (["--decode-contexts", "100000000"], "bench decoding: contexts 100000000 x batch 8 x 4 heads x 64 needs about"),
+    (["--loop-override", "model=nope"], "unknown model 'nope'; valid:"),
+    (["--loop-override", "trainer.batch_size=100000", "--loop-override", "task.seq_len=100000"],
+     "training: batch 100000 x length 100000 x width 64"),
+    (["--json", "/nonexistent/bench.json"], "--json /nonexistent/bench.json: cannot write it"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    *([] if torch.cuda.is_available() else [(["--device", "cuda"], "--device cuda but no CUDA device is available")]),
+]
+
+
+@pytest.mark.parametrize("argv, fragment", BAD_BENCH, ids=[" ".join(a) for a, _ in BAD_BENCH])
+def test_bad_bench_argument_is_one_line_before_any_work(argv, fragment, monkeypatch, capsys):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the benchmark started")
+
+    monkeypatch.setattr("harness.bench.run.run_benchmark", no_work)
+    with pytest.raises(SystemExit) as stop:
+        bench_main(argv)
+    assert stop.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("python -m harness.bench: error: "), err
+    assert fragment in err[0], err[0]
+
+
+def test_bad_bench_argument_in_a_real_process():
+    """`--seq-lens 0` once ran a minute of decoding and loop benchmarks and exited 0."""
+    done = subprocess.run([sys.executable, "-m", "harness.bench", "--seq-lens", "0"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("python -m harness.bench: error: --seq-lens must be a non-empty list of "
+                                   "integers >= 1, got [0]")

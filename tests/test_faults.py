@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from harness.outputs.checkpoint import CHECKPOINT_FILE
+from harness.outputs.checkpoint import checkpoint_files, latest_checkpoint
 from harness.config.compose import compose_config
 from harness.layers.kernel import KernelAttention
 from harness.outputs.results import write_json
@@ -44,8 +44,9 @@ def test_nan_in_a_mixer_output_names_step_layer_and_mixer(tmp_path, capsys, monk
     assert res["status"] == "failed" and "step 47" in res["error"]
     assert res["fault"] == {"step": 47, "layer": 1, "mixer": "elu", "check": "output"}
     # The last good checkpoint (step 40, before the fault) is kept and loads safely.
-    assert res["checkpoint"] == {"path": str(tmp_path / CHECKPOINT_FILE), "step": 40}
-    saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
+    assert res["checkpoint"] == {"path": str(latest_checkpoint(tmp_path)), "step": 40}
+    assert [step for step, _, _ in checkpoint_files(tmp_path)] == [40, 20]  # the last two are kept
+    saved = torch.load(latest_checkpoint(tmp_path), weights_only=True)
     assert saved["step"] == 40
     assert all(torch.isfinite(t).all() for t in saved["model"].values() if t.is_floating_point())
     assert not (tmp_path / "model.pt").exists()

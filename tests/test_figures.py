@@ -190,7 +190,7 @@ def test_missing_sweeps_are_run_then_plotted(profile, tmp_path, monkeypatch, cap
     monkeypatch.setattr(figures, "save_figure", drawn)
     # quick: every figure; paper: a subset, to check the experiment names at less cost.
     chosen = NAMES if profile == "quick" else ["capacity", "snr", "state_vs_kv", "cost"]
-    assert figures.main(["--profile", profile, "--out", "figs", "--only", *chosen]) == 0
+    assert figures.main(["--profile", profile, "--out", "figs", "--only", *chosen]) == 1  # cost not drawn
     prefix = "" if profile == "quick" else "paper/"
     missing = [e for e in ("snr", "sharpness", "mqar", "induction", "cost") if e in chosen]
     assert [c[4] for c in calls] == [f"+experiment={prefix}{e}" for e in missing]  # capacity exists
@@ -200,6 +200,86 @@ def test_missing_sweeps_are_run_then_plotted(profile, tmp_path, monkeypatch, cap
     assert written == sorted(f"{n}.{f}" for n in chosen if n != "cost" for f in ("png", "pdf"))
     err = capsys.readouterr().err
     assert "sweep cost exited with status 1" in err and "figure cost skipped" in err
+    assert err.strip().splitlines()[-1].endswith("1 figure(s) not drawn: cost (see the warnings above)")
+
+
+def _one_line_error(argv, capsys) -> str:
+    try:
+        code = figures.main(argv)
+    except SystemExit as stop:  # argparse's own errors
+        code = stop.code
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1, (code, err)
+    assert err[0].startswith("python -m analysis.figures: error: ")
+    return err[0]
+
+
+def test_bad_arguments_are_one_line_before_any_work(tree, tmp_path, capsys, monkeypatch):
+    def no_sweeps(cmd, **kwargs):
+        raise AssertionError(f"ran {cmd}")
+
+    monkeypatch.setattr(figures.subprocess, "run", no_sweeps)
+    line = _one_line_error(["--results", str(tmp_path / "nonexistent"), "--out", str(tmp_path / "o")], capsys)
+    assert "nonexistent: no such file or directory" in line
+    (tmp_path / "empty").mkdir()
+    assert "no results.json under" in _one_line_error(["--results", str(tmp_path / "empty")], capsys)
+    assert "invalid choice: 'nope'" in _one_line_error(["--only", "nope"], capsys)
+    assert "invalid choice: 'huge'" in _one_line_error(["--profile", "huge"], capsys)
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    line = _one_line_error(["--results", str(tree), "--out", str(blocked / "figs")], capsys)
+    assert f"--out {blocked / 'figs'}: cannot write there" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_figures_not_drawn_exit_1_and_are_named(tree, tmp_path, capsys):
+    partial = tmp_path / "partial"
+    make_results.write_results_tree(partial, ["capacity", "snr"])
+    code = figures.main(["--results", str(partial), "--out", str(tmp_path / "figs")])
+    assert code == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("python -m analysis.figures: 4 figure(s) not drawn: sharpness, mqar, induction, cost "
+                    "(see the warnings above)")
+
+
+def test_smoke_discovers_experiments_from_the_files():
+    from analysis import smoke
+    from harness.config.compose import CONF_DIR
+
+    files = sorted(p.stem for p in (CONF_DIR / "experiment" / "paper").glob("*.yaml"))
+    assert smoke.experiments("paper") == files
+    params = smoke.sweep_params("paper", "mqar")
+    assert params["model.d_model"] == ["64", "128", "256", "512"]
+    assert smoke.job_count(params, "all") == 7 * 4 * 3 * 3 * 4
+    assert smoke.grid_overrides(params, "last") == ["model.d_model=512", "task.seq_len=512",
+                                                    "task.num_pairs=64", "trainer.lr=1e-2"]
+
+
+def test_smoke_runs_each_experiment_through_the_launcher_and_prices_it(tree, tmp_path, monkeypatch, capsys):
+    """The smoke's commands and cost arithmetic, on fixture results (the real sweeps: test_paper_smoke)."""
+    import json
+
+    from analysis import smoke
+
+    calls = []
+
+    def fake_run(cmd, check):
+        calls.append(cmd)
+        experiment = cmd[4].split("=", 1)[1].split("/")[-1]
+        make_results.write_results_tree(Path(cmd[5].split("=", 1)[1]).parent, [experiment])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    root = tmp_path / "smoke"
+    specs = [s for s in figures.FIGURES if s.name in ("capacity", "snr")]
+    code = smoke.run("paper", root, tmp_path / "figs", specs, only={"capacity", "snr"}, runner=fake_run)
+    assert code == 0
+    assert [c[4] for c in calls] == ["+experiment=paper/capacity", "+experiment=paper/snr"]
+    assert all("trainer.max_steps=1" in c and "trainer.device=cpu" in c for c in calls)
+    estimate = json.loads((root / smoke.COST_FILE).read_text())
+    capacity = estimate["experiments"]["capacity"]
+    assert capacity["jobs"] == 63 and capacity["steps_per_job"] == 20000
+    out = capsys.readouterr().out
+    assert "expected cost of the full paper profile" in out and "capacity" in out
 
 
 def test_sweep_dir_override_is_quoted_when_needed():

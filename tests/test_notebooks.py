@@ -57,3 +57,32 @@ def test_notebook_executes_on_fixture_results(path, kernel):
     assert images, "the notebook shows its figure"
     stderr = "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
     assert "skipped" not in stderr, stderr
+
+
+def _run_with(path, kernel, assignment: str):
+    """Execute the notebook with `assignment` run right after its parameters cell; return the
+    error output of the cell that stopped it."""
+    nb = jupytext.read(path)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(assignment))
+    nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
+    client = nbclient.NotebookClient(nb, km=kernel, timeout=120)
+    with pytest.raises(nbclient.exceptions.CellExecutionError):
+        client.execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert len(errors) == 1
+    return errors[0]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_bad_results_parameter_is_one_line(path, kernel):
+    error = _run_with(path, kernel, "results_dir = '/nonexistent/results'")
+    assert error["ename"] == "ParameterError"
+    assert len(error["traceback"]) == 1, error["traceback"]
+    assert "results_dir" in error["traceback"][0] and "/nonexistent/results" in error["traceback"][0]
+
+
+def test_a_bad_width_parameter_is_one_line(kernel):
+    error = _run_with(REPO / "analysis" / "nb_cost.py", kernel, "d_head = 0")
+    assert error["traceback"] == ["ParameterError: d_head must be a positive integer at most 65,536, got 0"]

@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from harness.outputs.checkpoint import CHECKPOINT_FILE
+from harness.outputs.checkpoint import checkpoint_files, latest_checkpoint
+from harness.outputs.lock import LOCK_FILE
 from harness.config.compose import compose_config
 from harness.run.job import run_job
 
@@ -27,8 +28,8 @@ def harness(*overrides):
 
 
 def comparable(results: dict) -> dict:
-    """Everything a run computes: drop wall times and the environment."""
-    summary = {k: v for k, v in results["summary"].items() if k != "wall_time_s"}
+    """Everything a run computes: drop the times (wall, set-up, step, measurement) and the environment."""
+    summary = {k: v for k, v in results["summary"].items() if not k.endswith("_time_s")}
     return {"summary": summary, "slices": results["slices"], "heads": results["heads"]}
 
 
@@ -46,26 +47,28 @@ def whole(tmp_path_factory):
     return out
 
 
-def wait_for(path, proc):
-    """Until path exists and is not empty (metrics.jsonl is opened before the first step)."""
+def wait_for(found, proc):
+    """Until found() is a path that exists and is not empty (metrics.jsonl is opened before the
+    first step); returns it."""
     deadline = time.time() + 120
-    while not (path.exists() and path.stat().st_size > 0):
+    while not ((path := found()) and path.exists() and path.stat().st_size > 0):
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline, f"{path} did not appear"
         time.sleep(0.01)
+    return path
 
 
 def resume_and_compare(whole, killed):
     resumed = harness(*RUN, f"out_dir={killed}")  # the same command, the same directory
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-2000:]
-    assert f"resuming from {killed / CHECKPOINT_FILE} at step" in out
+    assert f"resuming from {killed}/checkpoint-" in out
     a = json.loads((whole / "results.json").read_text())
     b = json.loads((killed / "results.json").read_text())
     assert a["status"] == b["status"] == "ok" and b["summary"]["steps"] == 200
     assert comparable(a) == comparable(b)  # bit for bit: JSON floats round-trip exactly
     assert metrics_rows(whole) == metrics_rows(killed)  # no row lost or written twice
-    assert not (killed / CHECKPOINT_FILE).exists()  # finished: model.pt replaces it
+    assert not checkpoint_files(killed)  # finished: model.pt replaces them
     w, k = (torch.load(d / "model.pt", weights_only=True)["model"] for d in (whole, killed))
     assert all(torch.equal(w[key], k[key]) for key in w)
 
@@ -73,12 +76,12 @@ def resume_and_compare(whole, killed):
 def test_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, whole):
     killed = tmp_path / "killed"
     victim = harness(*RUN, f"out_dir={killed}")
-    wait_for(killed / CHECKPOINT_FILE, victim)
+    wait_for(lambda: latest_checkpoint(killed), victim)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
     assert not (killed / "results.json").exists(), "the run finished before it was killed"
-    saved = torch.load(killed / CHECKPOINT_FILE, weights_only=True)
+    saved = torch.load(latest_checkpoint(killed), weights_only=True)
     assert 20 <= saved["step"] < 200 and saved["step"] % 20 == 0
     resume_and_compare(whole, killed)
 
@@ -87,13 +90,13 @@ def test_sigterm_checkpoints_the_current_step_then_resumes_exactly(tmp_path, who
     """A pre-empted job (SIGTERM) saves the step it is at, not the last periodic checkpoint."""
     stopped = tmp_path / "stopped"
     victim = harness(*RUN, "trainer.ckpt_every=1000", f"out_dir={stopped}")  # no periodic ones
-    wait_for(stopped / "metrics.jsonl", victim)  # the first evaluation (step 40) is done
+    wait_for(lambda: stopped / "metrics.jsonl", victim)  # the first evaluation (step 40) is done
     victim.send_signal(signal.SIGTERM)
     out, err = victim.communicate(timeout=120)
     assert victim.returncode == 1
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "stopped by SIGTERM after step" in lines[0], err
-    saved = torch.load(stopped / CHECKPOINT_FILE, weights_only=True)
+    saved = torch.load(latest_checkpoint(stopped), weights_only=True)
     assert 40 <= saved["step"] < 200
     assert json.loads((stopped / "results.json").read_text())["status"] == "failed"
     resume_and_compare(whole, stopped)
@@ -136,7 +139,7 @@ def test_resume_option_continues_a_run_in_its_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "evaluate", evaluate_then_die)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "cut")
-    assert (tmp_path / "cut" / CHECKPOINT_FILE).exists()
+    assert latest_checkpoint(tmp_path / "cut") is not None
     monkeypatch.setattr(train_module, "evaluate", stop)
     run_job(compose_config([*RUN, "trainer.max_steps=60", "trainer.measure=false",
                             f"out_dir={tmp_path / 'elsewhere'}", f"trainer.resume={tmp_path / 'cut'}"]))
@@ -153,15 +156,15 @@ def test_checkpoint_of_another_config_is_refused_by_name(tmp_path, capsys):
     cut = tmp_path / "run"
     cut.mkdir()
     cfg = compose_config([*RUN, f"out_dir={cut}"])
-    checkpoint.save(cut / CHECKPOINT_FILE, {"format": checkpoint.FORMAT, "step": 20,
-                                            "config_hash": config_hash(cfg), "config": flat_config(cfg)})
+    path = checkpoint.save_checkpoint(cut, 20, {"format": checkpoint.FORMAT, "step": 20,
+                                                "config_hash": config_hash(cfg), "config": flat_config(cfg)})
     line = fails_in_one_line(["trainer.lr=0.01", f"out_dir={cut}"], capsys)
     assert "belongs to another configuration" in line and "trainer.lr: 0.003 -> 0.01" in line
-    assert list(cut.iterdir()) == [cut / CHECKPOINT_FILE]  # the killed run's directory is untouched
+    assert [p for p in cut.iterdir() if p.name != LOCK_FILE] == [path]  # the killed run's files are untouched
 
 
 @pytest.mark.parametrize("where, why", [("missing", "not a directory"),
-                                        ("empty", "no checkpoint.pt there")])
+                                        ("empty", "no checkpoint there")])
 def test_resume_without_a_checkpoint_is_one_line(tmp_path, capsys, where, why):
     (tmp_path / "empty").mkdir()
     line = fails_in_one_line([f"trainer.resume={tmp_path / where}", f"out_dir={tmp_path / 'out'}"], capsys)

@@ -78,7 +78,13 @@ CASES = [
     (["task.num_pairs=4", "task.num_queries=60"], "num_queries", "= 68 exceeds seq_len=64"),
     (["task.num_pairs=200"], "num_pairs", "do not fit in the key half [1, 128)"),
     (["task.test_seq_len=16", "task.test_num_pairs=[8]"], "num_pairs", "exceeds test seq_len=16"),
-    (["task.power_a=0"], "power_a", "must be > 0"),
+    (["task.power_a=0"], "power_a", "must be in (0, 8.0]"),
+    # found by tests/test_fuzz.py: each ended in a traceback, or was refused only after work began
+    (["task.power_a=inf"], "power_a", "must be a finite number, got inf"),
+    (["task.power_a=1000"], "power_a", "must be in (0, 8.0] (1: uniform gaps), got 1000.0"),
+    (["cost.batch_size=${oc.env:HOME}"], "cost.batch_size", "could not be converted to Integer"),
+    (["trainer.lr=${nope}"], "trainer.lr", "bad value for 'trainer.lr'"),
+    (["+model.options.window=[]"], "model.options.window", "the built-in mixer 'elu' takes no options"),
     # induction
     (["task=induction", "task.max_distance=64"], "max_distance", "must be < seq_len=64"),
     (["task=induction", "task.num_triggers=40"], "num_triggers", "do not fit in the trigger range"),

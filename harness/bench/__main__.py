@@ -14,15 +14,26 @@ from pathlib import Path
 
 
 def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _strs(text: str) -> list[str]:
-    return [x for x in text.split(",") if x]
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (exit code 2), without the usage block."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m harness.bench", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes: a check that finishes in about a minute")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--json", type=Path, default=None, help="write the full result here")
@@ -77,10 +88,20 @@ def config_from_args(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     from harness.bench.report import format_summary, format_tables
-    from harness.bench.run import run_benchmark
+    from harness.bench.run import run_benchmark, validate_bench
+    from harness.errors import in_one_line
     from harness.outputs.results import write_json
 
     cfg = config_from_args(args)
+    try:
+        validate_bench(cfg)  # every argument, and what the device can hold, before any work
+    except ValueError as exc:
+        if not in_one_line(exc):
+            raise
+        print(f"python -m harness.bench: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.json is not None:
+        _check_writable(args.json)
     result = run_benchmark(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_tables(result["rows"], result["summary"]["gemm_flops_per_s"]))
     print()
@@ -89,6 +110,15 @@ def main(argv: list[str] | None = None) -> dict:
         write_json(args.json, result)
         print(f"\n[bench] wrote {args.json}")
     return result
+
+
+def _check_writable(path: Path) -> None:
+    """--json must be writable before an hour of measurement, not after."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
+        why = "is a directory" if path.is_dir() else f"its folder {parent} is missing or not writable"
+        print(f"python -m harness.bench: error: --json {path}: cannot write it ({why})", file=sys.stderr)
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

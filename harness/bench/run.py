@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from pathlib import Path
+
 import torch
 
 from harness.allocator import allocator_state
@@ -206,6 +208,65 @@ def env_summary(device: torch.device) -> dict[str, Any]:
         except OSError:
             pass
     return info
+
+
+def decode_bytes(cfg: BenchConfig) -> float:
+    """Peak bytes of the decoding phase: every (family, context) cell keeps its context's inputs
+    and its state at once while the steps are interleaved (harness.bench.decode)."""
+    item = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
+    families = [f for f in DECODE_FAMILIES if f in cfg.families]
+    per = sum(C.transient_bytes(f, "recurrent", C.Shape(cfg.batch, cfg.heads, t, cfg.head_dim, cfg.head_dim), item)
+              for f in families for t in cfg.decode_contexts)
+    return per + len(families) * len(cfg.decode_contexts) * cfg.batch * cfg.heads * cfg.head_dim ** 2 * 4 * 2
+
+
+def validate_bench(cfg: BenchConfig) -> None:
+    """Every setting of a benchmark run, and what its device can hold: ValueError (one line)
+    before any work. Forms that cannot fit at a length are skipped as the run goes; the decoding
+    phase holds all its contexts at once, so it is checked here, as is the training loop's config."""
+    from harness import checks
+    from harness.devices import check_fits, select_device
+
+    if not (isinstance(cfg.device, str) and (cfg.device in ("cpu", "cuda") or cfg.device.startswith("cuda:")
+                                             and cfg.device[5:].isdigit())):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {cfg.device!r}")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {cfg.device} but no CUDA device is available")
+    if cfg.device.startswith("cuda:") and int(cfg.device[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"--device {cfg.device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    checks.int_list("--seq-lens", cfg.seq_lens)
+    checks.choice_list("--families", cfg.families, C.FAMILIES)
+    forms = sorted({f for fam in C.FAMILIES for f in C.FORMS[fam]})
+    if cfg.forms is not None:
+        checks.choice_list("--forms", cfg.forms, forms)
+        for family in cfg.families:
+            checks.require(any(f in C.FORMS[family] for f in cfg.forms),
+                           f"--forms {','.join(cfg.forms)} has no form of family {family} "
+                           f"(it has {', '.join(C.FORMS[family])})")
+    checks.choice_list("--passes", cfg.passes, C.PASSES)
+    if cfg.chunk_sizes is not None:
+        checks.int_list("--chunk-sizes", cfg.chunk_sizes)
+    for name in ("batch", "heads", "head_dim", "repeats", "recurrent_max_len", "limit_seq_len",
+                 "decode_repeats", "loop_steps", "loop_rounds"):
+        checks.integer(f"--{name.replace('_', '-')}", getattr(cfg, name))
+    checks.integer("--threads", cfg.threads, nullable=True)
+    checks.number("--max-call-s", cfg.max_call_s, "(0, inf)")
+    checks.number("--time-budget-s", cfg.time_budget_s, "(0, inf)", nullable=True)
+    checks.choice("dtype", cfg.dtype, ("float32", "float64", "bfloat16"))
+    device = select_device(cfg.device)
+    if cfg.decode:
+        checks.int_list("--decode-contexts", cfg.decode_contexts)
+        check_fits(f"bench decoding: contexts {','.join(map(str, cfg.decode_contexts))} x batch {cfg.batch} x "
+                   f"{cfg.heads} heads x {cfg.head_dim}", decode_bytes(cfg), device)
+    if cfg.loop:
+        from harness.bench.loop import loop_config
+        from harness.train.memory import check_training
+
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            loop_cfg = loop_config(cfg.loop_overrides, cfg.loop_steps, cfg.device, Path(tmp))
+        check_training(loop_cfg)
 
 
 def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -131,13 +131,26 @@ def _check_cost_family(cfg: DictConfig) -> None:
                    f"(the {family} family has {', '.join(CORE_FORMS[family])})")
 
 
+def resolved(cfg: DictConfig) -> dict:
+    """cfg as plain containers with every interpolation resolved; an interpolation that does not
+    resolve (`${nope}`, `${oc.env:HOME}` in an integer) is a ValueError of one line naming the key."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"bad value for '{key}': {detail}") from None
+
+
 _VALIDATED: set[str] = set()  # configs this process has validated already (by content)
 
 
 def validate_config(cfg: DictConfig) -> None:
     """Every check of every key; a config validated before in this process (the CLI's pre-check,
     then the job) is not checked again."""
-    c = OmegaConf.to_container(cfg, resolve=True)  # plain values: lists, not ListConfigs
+    c = resolved(cfg)  # plain values: lists, not ListConfigs
     c.pop("hydra", None)
     key = json.dumps(c, sort_keys=True, default=str)
     if key in _VALIDATED:

@@ -40,10 +40,15 @@ class KernelAttention(Mixer):
         self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.input_scale = self.d_qk**-0.25 if self.exp_kernel else 1.0
         self.phi = self.make_feature_map(config, layer_idx)
-        self.d_key = features.feature_dim(self.feature, self.d_qk, m=getattr(self.phi, "m", None))
+        self.d_key = self.key_width(self.d_qk, config)
 
     def make_feature_map(self, config, layer_idx: int):
         return features.feature_map(self.feature, self.d_qk)
+
+    @classmethod
+    def key_width(cls, d_qk: int, config=None) -> int:
+        """m, the feature map's output width (FAVOR+: model.favor_features, or about d ln d)."""
+        return features.feature_dim(cls.feature, d_qk, m=getattr(config, "favor_features", None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         q, k, v = self.project_qkv(x)  # (B, H, T, D)

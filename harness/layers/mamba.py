@@ -125,7 +125,12 @@ class GatedDecay(Mixer):
 
     @property
     def core(self) -> str:
-        return "decay_scalar" if self.gate == "scalar" else "decay_per_dim"
+        return self.core_for(self)
+
+    @classmethod
+    def core_for(cls, config) -> str:
+        """The decay core of a gate: one log decay per head (scalar) or per key dimension."""
+        return "decay_scalar" if config.gate == "scalar" else "decay_per_dim"
 
     def state_size(self, sequence_length: int = 2048) -> int:
         return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)

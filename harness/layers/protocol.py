@@ -142,6 +142,17 @@ class Mixer(nn.Module):
         if self.has_decay:
             self.hook_log_decay = HookPoint()
 
+    @classmethod
+    def core_for(cls, config) -> str:
+        """`core` for a config, known without building the mixer (a gate may choose it)."""
+        return cls.core
+
+    @classmethod
+    def key_width(cls, d_qk: int, config=None) -> int:
+        """The key side of the state per head (d_key) for q and k of width d_qk, known without
+        building the mixer (resource estimates, the probe); a feature map changes it."""
+        return d_qk
+
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k (B, H, T, d_qk) and v (B, H, T, d_head) of x (B, T, C): projected, then
         short-convolved if on."""

@@ -142,6 +142,9 @@ def check_mixer(config, seq_len: int = 8) -> None:
     import torch
 
     if not is_dotted(config.name):
+        for key in dict(config.options or {}):  # refused here, not when the model is built mid-run
+            raise ValueError(f"model.options.{key}: the built-in mixer {config.name!r} takes no options "
+                             "(its settings are model.* keys); model.options is for outside mixers")
         return
     mixer = build(config, 0)
     x = torch.randn(1, seq_len, config.d_model)

@@ -109,6 +109,7 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
+from harness import features
 from harness.layers import registry
 from harness.measure import theory
 
@@ -296,6 +297,45 @@ def _memory_cached(model: str, d: int, seed: int, options: tuple):
     fn = probe_class(model).probe_memory
     named = inspect.signature(fn).parameters
     return fn(d, seed, **{k: v for k, v in options if k in named})
+
+
+def probe_row_bytes(model: str, d: int, n: int, *, candidates: int = 1024, max_queries: int = 1024,
+                    min_queries: int = 1024, value_dim: Optional[int] = None, chunk: int = 4096) -> int:
+    """Peak bytes of `probe_row` with these arguments, from the sizes alone (nothing is drawn):
+    what it holds for the whole row (keys twice while they are normalised, values, indices,
+    survival weights and the decay draws, the codebook) plus the largest block a read-out forms
+    (bounded by FEATURE_BUDGET and `chunk`), the state and the map's own draw."""
+    cls = probe_class(model)
+    d_v, item = value_dim or d, DTYPE.itemsize
+    softmax = getattr(cls, "core", None) == "softmax"
+    m = d if softmax else getattr(cls, "key_width", lambda w, c=None: w)(d)
+    reads = min(n, max_queries) if softmax else n
+    states = max(1, math.ceil(min_queries / reads))
+    rows = states * n
+    held = item * rows * (2 * d + d_v + 8) + 2 * item * candidates * d_v  # keys x2, V, idx/lam/decays; book
+    if softmax:
+        q = states * reads
+        step = min(chunk, n)
+        work = item * (q * (d + 2 * d_v) + 4 * q * step + q * candidates)
+    else:
+        step = max(1, min(chunk, n, FEATURE_BUDGET // (states * m)))
+        block = states * step * max(m, d_v)
+        work = item * (3 * states * m * (d_v + 1) + 4 * block) + 4 * FEATURE_BUDGET  # S, S + dS, dS
+    draw = features.draw_bytes(getattr(cls, "feature", ""), d) if getattr(cls, "feature", None) else 0
+    return int(held + work + draw)
+
+
+def check_probe(models: list[str], ds: list[int], ns: Optional[list[int]], *, device: str = "cpu",
+                **row_args) -> None:
+    """ResourceError (one line) for the first (model, d, N) of the grid the device cannot hold,
+    before anything is drawn: `probe: d=100000, N=70000 needs about 112 GiB; this machine has ...`."""
+    from harness.devices import check_fits
+
+    for model in models:
+        for d in ds:
+            for n in (ns or default_ns(d)):
+                check_fits(f"probe: model={model}, d={d}, N={n}",
+                           probe_row_bytes(model, d, n, **row_args), device)
 
 
 def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 1024, max_queries: int = 1024,

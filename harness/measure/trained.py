@@ -320,6 +320,9 @@ def _skip_reasons(mixer, hooks: dict) -> dict[str, str]:
     return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok"}
 
 
+MEASURE_CHUNK = 8  # examples per forward pass of measure_model (harness.train.memory counts on it)
+
+
 @torch.no_grad()
 def measure_model(model, batch, *, max_examples: Optional[int] = None) -> dict:
     """Sharpness and SNR of every layer and head of `model` on a task batch.
@@ -345,9 +348,14 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None) -> dict:
 
     was_training = model.training
     model.eval()
-    try:
-        with capture(model, names=lambda name: ".mixer.hook_" in name) as cache:
-            model(inputs.to(device))
+    try:  # a few examples per pass: the hook tensors are kept, the logits of each pass are not
+        parts: dict[str, list[torch.Tensor]] = {}
+        for s in range(0, inputs.shape[0], MEASURE_CHUNK):
+            with capture(model, names=lambda name: ".mixer.hook_" in name) as cache:
+                model(inputs[s:s + MEASURE_CHUNK].to(device))
+            for name, value in cache.items():
+                parts.setdefault(name, []).append(value)
+        cache = {name: torch.cat(values) for name, values in parts.items()}
     finally:
         model.train(was_training)
 

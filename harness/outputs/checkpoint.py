@@ -8,11 +8,23 @@ state of its own: training batch i is a pure function of (seed, i) (see
 It is written atomically (temporary file, fsync, rename), so a run killed at any moment leaves
 the previous checkpoint or the new one, and it loads with ``weights_only=True``: only tensors
 and plain containers, never pickled code.
+
+A file can still be damaged after it was written (a disk filling up while it is copied, a partial
+rsync from a cluster), so the last two checkpoints are kept, and each carries a checksum of its
+content in its name, `checkpoint-<step>-<sha256 prefix>.pt`, taken from the bytes on disk at
+write time. Resuming verifies the newest; a damaged one is reported in one warning line and the
+one before it is used. The final weights (model.pt) are verified the same way against the
+checksum results.json records for them (`load_model`).
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import os
 import random
+import re
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,10 +33,16 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from harness.outputs.results import atomic_write, config_hash, flat_config, hashed_items, read_results
+from harness.errors import DamagedFile, OutputError
+from harness.outputs.results import (RESULTS_FILE, atomic_write, config_hash, flat_config, hashed_items,
+                                     read_results)
 
-CHECKPOINT_FILE = "checkpoint.pt"
+LEGACY_FILE = "checkpoint.pt"  # the single, unverified checkpoint of earlier versions: still resumed
+MODEL_FILE = "model.pt"
 FORMAT = 1
+KEEP = 2                        # checkpoints kept: the newest, and the one to fall back on
+DIGEST_LEN = 16                 # hex digits of sha256 in a checkpoint's name (64 bits: damage, not attack)
+_NAME = re.compile(r"checkpoint-(\d+)-([0-9a-f]{%d})\.pt" % DIGEST_LEN)
 
 
 def rng_state() -> dict[str, Any]:
@@ -52,12 +70,151 @@ def _as_tuples(value: Any) -> Any:
     return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def save(path: Path, payload: dict[str, Any]) -> None:
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, as hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """Write payload atomically; returns {"sha256", "bytes"} of what is on disk."""
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    return {"sha256": file_digest(path), "bytes": path.stat().st_size}
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _load_checked(path: Path, digest: str | None, map_location="cpu") -> dict[str, Any]:
+    """Load a file whose sha256 should start with (or equal) ``digest`` (None: unrecorded, only
+    loading checks it); DamagedFile (one line) when it does not match or does not load."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise DamagedFile(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if digest is not None:
+        actual = hashlib.sha256(data).hexdigest()
+        if not actual.startswith(digest):
+            raise DamagedFile(f"{path} is damaged: its content does not match the checksum recorded "
+                              f"when it was written ({len(data):,} bytes, sha256 {actual[:DIGEST_LEN]} "
+                              f"instead of {digest[:DIGEST_LEN]})")
+    try:
+        payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as exc:  # a truncated zip, a bad pickle: whatever torch says, one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DamagedFile(f"{path} is damaged: it does not load ({first[:160]})") from None
+    if not isinstance(payload, dict):
+        raise DamagedFile(f"{path} is damaged: it holds a {type(payload).__name__}, not a dict")
+    return payload
+
+
+# ----- training checkpoints ----------------------------------------------------------------------
+
+
+def checkpoint_files(out_dir: Path) -> list[tuple[int, Path, str | None]]:
+    """(step, path, digest) of every checkpoint in out_dir, newest first; a legacy checkpoint.pt
+    (no checksum; its step unknown until loaded) comes last."""
+    out_dir = Path(out_dir)
+    try:
+        names = os.listdir(out_dir)
+    except OSError:
+        return []
+    found = [(int(m.group(1)), out_dir / name, m.group(2)) for name in names if (m := _NAME.fullmatch(name))]
+    found.sort(key=lambda f: f[0], reverse=True)
+    if LEGACY_FILE in names:
+        found.append((-1, out_dir / LEGACY_FILE, None))
+    return found
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    files = checkpoint_files(out_dir)
+    return files[0][1] if files else None
+
+
+def save_checkpoint(out_dir: Path, step: int, payload: dict[str, Any]) -> Path:
+    """Write the checkpoint of ``step`` (checksum in its name), then keep only the newest KEEP.
+
+    The bytes go to a temporary file, are synced, hashed as they are on disk and renamed to the
+    name that carries the hash: a kill at any moment leaves the previous checkpoints as they
+    were (and at worst a stray temporary file, replaced by the next write)."""
+    out_dir = Path(out_dir)
+    tmp = out_dir / "checkpoint.tmp"
+    try:
+        torch.save(payload, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        path = out_dir / f"checkpoint-{step:08d}-{file_digest(tmp)[:DIGEST_LEN]}.pt"
+        os.replace(tmp, path)
+        for _, old, _ in checkpoint_files(out_dir)[KEEP:]:
+            old.unlink(missing_ok=True)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write a checkpoint in {out_dir}: {exc.strerror or exc}") from exc
+    return path
+
+
+def remove_checkpoints(out_dir: Path) -> None:
+    """A finished run's checkpoints (model.pt and results.json replace them)."""
+    for _, path, _ in checkpoint_files(out_dir):
+        path.unlink(missing_ok=True)
+    (Path(out_dir) / "checkpoint.tmp").unlink(missing_ok=True)
+
+
+def warn(message: str) -> None:
+    print(f"harness: warning: {message}", file=sys.stderr, flush=True)
+
+
+# ----- final weights -----------------------------------------------------------------------------
+
+
+def save_model(run_dir: Path, payload: dict[str, Any]) -> dict[str, Any]:
+    """Write model.pt; returns its {"sha256", "bytes"} for results.json's "files" record."""
+    return save(Path(run_dir) / MODEL_FILE, payload)
+
+
+def recorded_digest(run_dir: Path, name: str = MODEL_FILE) -> str | None:
+    """The sha256 results.json recorded for one of the run's files, or None."""
+    files = (read_results(Path(run_dir)) or {}).get("files")
+    entry = files.get(name) if isinstance(files, dict) else None
+    digest = entry.get("sha256") if isinstance(entry, dict) else None
+    return digest if isinstance(digest, str) else None
+
+
+def load_model(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A finished run's model.pt ({"model": state dict, "config": ...}), loaded with
+    ``weights_only=True`` and verified against the checksum its results.json records (runs
+    written before checksums were recorded: loading is the check). ``path``: the file or its
+    run directory. DamagedFile (a ValueError, one line) if it is missing or damaged."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MODEL_FILE
+    if not path.exists():
+        raise DamagedFile(f"{path}: no such file (the run kept no weights: trainer.checkpoint=false, "
+                          "or it did not finish)")
+    payload = _load_checked(path, recorded_digest(path.parent, path.name), map_location)
+    if "model" not in payload:
+        raise DamagedFile(f"{path} is damaged: it holds no 'model' entry")
+    return payload
+
+
+def damaged_outputs(run_dir: Path, results: dict[str, Any]) -> str | None:
+    """Why a run's recorded outputs cannot be trusted (one line), or None: every file that
+    results.json lists under "files" must be there with its recorded checksum."""
+    files = results.get("files") or {}
+    if not isinstance(files, dict):
+        return f"{Path(run_dir) / RESULTS_FILE}: 'files' is not a mapping"
+    for name, entry in files.items():
+        path = Path(run_dir) / name
+        digest = entry.get("sha256") if isinstance(entry, dict) else None
+        if not path.exists():
+            return f"{path} is missing"
+        if digest is None or file_digest(path) != digest:
+            return f"{path} is damaged: its content does not match the checksum in {RESULTS_FILE}"
+    return None
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any], limit: int = 3) -> str:
@@ -74,15 +231,23 @@ def find_resume(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     Either way the checkpoint must belong to this configuration: a different one is refused
     with the keys that differ, rather than silently mixing two runs.
     """
-    path = Path(out_dir) / CHECKPOINT_FILE
-    if not path.exists():
+    files = checkpoint_files(out_dir)
+    if not files:
         if cfg.trainer.resume:
             done = read_results(Path(out_dir))
             why = ("the run there has finished (results.json status ok)"
-                   if done and done.get("status") == "ok" else f"no {CHECKPOINT_FILE} there")
+                   if done and done.get("status") == "ok" else "no checkpoint there")
             raise ValueError(f"trainer.resume={cfg.trainer.resume}: nothing to resume, {why}")
         return None
-    saved = load(path)
+    path, saved, damaged = _first_usable(files)
+    if saved is None:
+        names = ", ".join(p.name for _, p, _ in files)
+        raise ValueError(f"no usable checkpoint in {out_dir}: {names} {'is' if len(files) == 1 else 'are all'} "
+                         f"damaged ({damaged[0]}); resume from a good copy with trainer.resume=<its run dir>, "
+                         f"or move {out_dir} aside to start over")
+    if damaged:
+        warn(f"{damaged[0]}; resuming from the previous checkpoint {path.name} instead")
+    saved["path"] = str(path)
     if saved.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {saved.get('format')!r}, expected {FORMAT}; "
                          "delete it to start over")
@@ -91,6 +256,17 @@ def find_resume(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
         raise ValueError(f"{path} belongs to another configuration ({diff}); use another out_dir, "
                          f"or delete the checkpoint to start over")
     return saved
+
+
+def _first_usable(files) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """The newest checkpoint that verifies and loads: (path, payload, why each newer one failed)."""
+    damaged = []
+    for _, path, digest in files:
+        try:
+            return path, _load_checked(path, digest), damaged
+        except DamagedFile as exc:
+            damaged.append(str(exc))
+    return None, None, damaged
 
 
 def resume_dir(cfg: DictConfig) -> Path | None:

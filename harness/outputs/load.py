@@ -5,7 +5,8 @@
     with harness.hooks.capture(run.model) as cache:       # every hook point, as in measurement
         logits = run.model(batch.inputs)
 
-The weights load with torch.load(..., weights_only=True) (tensors and plain containers only);
+The weights load with torch.load(..., weights_only=True) (tensors and plain containers only) and
+are verified against the checksum results.json records (harness.outputs.checkpoint.load_model);
 the model is rebuilt from the config saved beside them, so it is the model that was trained.
 """
 from __future__ import annotations
@@ -20,9 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.config.build import build_model, task_config
 from harness.model import LanguageModel
+from harness.outputs.checkpoint import load_model
 from harness.outputs.results import read_results
-
-MODEL_FILE = "model.pt"
 
 
 @dataclass
@@ -45,15 +45,11 @@ class Run:
 
 def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu") -> Run:
     """The run in `run_dir` (a directory with model.pt and results.json); ValueError with one
-    line if it is not a finished run with saved weights."""
+    line if it is not a finished run with saved weights, or they are damaged."""
     run_dir = Path(run_dir)
-    path = run_dir / MODEL_FILE
     if not run_dir.is_dir():
         raise ValueError(f"load_run: {run_dir} is not a directory")
-    if not path.exists():
-        raise ValueError(f"load_run: no {MODEL_FILE} in {run_dir} (a run keeps its weights unless "
-                         "trainer.checkpoint=false, and writes them when it finishes)")
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved = load_model(run_dir)
     cfg = OmegaConf.create(saved["config"])
     model = build_model(cfg)
     model.load_state_dict(saved["model"])

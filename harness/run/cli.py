@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
         overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")
                      or a.lstrip("+~").startswith("hydra.searchpath")]
         try:
-            compose_config(overrides)
+            from harness.run.resources import check_resources
+
+            check_resources(compose_config(overrides))  # a run the device cannot hold: refused here
         except ValueError as exc:
             if not in_one_line(exc):
                 raise

@@ -13,7 +13,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import OutputError, RunError, in_one_line
+from harness.errors import OutOfMemory, OutputError, RunError, first_line, in_one_line, is_out_of_memory
+from harness.outputs.lock import LOCK_FILE, RunDirLock
 from harness.outputs.results import (RESULTS_FILE, base_results, config_hash, read_results, write_json,
                              write_text)
 
@@ -32,11 +33,18 @@ def _hydra_context() -> tuple[Path | None, bool, Path | None]:
 
 
 def find_completed(root: Path, digest: str) -> Path | None:
-    """A run directory under `root` whose results.json is ok and has this config hash."""
+    """A run directory under `root` whose results.json is ok, has this config hash and whose
+    recorded files (model.pt) are whole. A damaged results.json (unreadable) or model.pt (not
+    the checksum recorded) means the run is redone; the latter is said in one line."""
+    from harness.outputs.checkpoint import damaged_outputs
+
     for path in sorted(root.rglob(RESULTS_FILE)):
         res = read_results(path.parent)
         if res and res.get("status") == "ok" and res.get("config_hash") == digest:
-            return path.parent
+            why = damaged_outputs(path.parent, res)
+            if why is None:
+                return path.parent
+            print(f"[harness] redo: {why}")
     return None
 
 
@@ -57,21 +65,48 @@ def dispatch(cfg: DictConfig, out_dir: Path, resume: dict[str, Any] | None = Non
     raise ValueError(f"unknown mode '{cfg.mode}'")
 
 
-def _output_dir(cfg: DictConfig, run_dir: Path | None) -> tuple[Path, dict[str, Any] | None]:
+def _make_output_dir(cfg: DictConfig, run_dir: Path | None) -> Path:
     """Where this run writes: `trainer.resume`, else `out_dir`, else Hydra's run directory;
-    created and written to (config.yaml) before any work, so a bad place fails first. Also
-    the checkpoint a training run there continues from (loaded once, here), or None."""
-    from harness.outputs.checkpoint import find_resume, resume_dir
+    created before any work, so a bad place fails first."""
+    from harness.outputs.checkpoint import resume_dir
 
     out_dir = resume_dir(cfg) or (Path(cfg.out_dir) if cfg.out_dir else (run_dir or Path("outputs/run")))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create the output directory {out_dir}: {exc.strerror or exc}") from exc
+    return out_dir
+
+
+def _claim(out_dir: Path, multirun: bool) -> RunDirLock:
+    """The lock on out_dir, taken before anything is written there. In a sweep a job whose
+    directory another process holds (a second copy of the sweep) waits for it, and says so;
+    a single run refuses at once."""
+    try:
+        lock = RunDirLock(out_dir)
+        if lock.try_acquire():
+            return lock
+    except OSError as exc:
+        raise OutputError(f"cannot write {out_dir / LOCK_FILE}: {exc.strerror or exc}") from exc
+    if not multirun:
+        lock.release()
+        raise RunError(f"{out_dir} is in use by another harness process (pid {lock.holder()}); wait for it "
+                       "to finish, or choose another out_dir")
+    print(f"[harness] wait: {out_dir} is being written by another process (pid {lock.holder()}); "
+          "this job waits for it, then skips the run if it finished", flush=True)
+    lock.acquire()
+    return lock
+
+
+def _prepare(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
+    """config.yaml written into the claimed out_dir, and the checkpoint a training run there
+    continues from (loaded once, here), or None."""
+    from harness.outputs.checkpoint import find_resume
+
     # before config.yaml: a checkpoint of another config there is refused with the directory untouched
     saved = find_resume(cfg, out_dir) if cfg.mode == "train" else None
     write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    return out_dir, saved
+    return saved
 
 
 FRESH_DIRS: set[Path] = set()  # out_dir values that did not exist before this process (harness.run.cli)
@@ -90,7 +125,7 @@ def discard_refused(run_dir: Path, cfg: DictConfig) -> None:
         entries = list(out_dir.iterdir())
     except OSError:
         return
-    ours = all(e.name in (".hydra", "config.yaml") or e.suffix == ".log" for e in entries)
+    ours = all(e.name in (".hydra", "config.yaml", LOCK_FILE) or e.suffix == ".log" for e in entries)
     if not ours:
         return
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -127,17 +162,33 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
                 discard_refused(run_dir, cfg)
             return _give_up(exc, cfg, multirun)
     try:
-        out_dir, saved = _output_dir(cfg, run_dir)
+        out_dir = _make_output_dir(cfg, run_dir)
+        lock = _claim(out_dir, multirun)
     except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
         if not multirun and run_dir is not None and isinstance(exc, ValueError):
             discard_refused(run_dir, cfg)
         return _give_up(exc, cfg, multirun)
+    try:
+        return _run_claimed(cfg, out_dir, run_dir, multirun, sweep_dir)
+    finally:
+        lock.release()
+
+
+def _run_claimed(cfg: DictConfig, out_dir: Path, run_dir: Path | None, multirun: bool,
+                 sweep_dir: Path | None) -> dict[str, Any]:
+    from harness.config.validate import validate_config
 
     if multirun and cfg.sweep.skip_completed and sweep_dir is not None:
         done = find_completed(sweep_dir, config_hash(cfg))
         if done is not None:
             print(f"[harness] skip: results for this config exist in {done}")
             return {"status": "skipped", "dir": str(done)}
+    try:
+        saved = _prepare(cfg, out_dir)
+    except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
+        if not multirun and run_dir is not None and isinstance(exc, ValueError):
+            discard_refused(run_dir, cfg)
+        return _give_up(exc, cfg, multirun)
 
     started = time.time()
     try:
@@ -150,6 +201,9 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     except KeyboardInterrupt:
         raise
     except Exception as exc:
+        if is_out_of_memory(exc):  # outside the training loop (which names its step): the mode
+            exc = OutOfMemory(f"out of memory in mode={cfg.mode} ({first_line(exc)}); ask for less, "
+                              "or use a larger device", oom={"step": None, "error": first_line(exc, 500)})
         failure = base_results(cfg, cfg.mode)
         failure.update(status="failed", error=f"{type(exc).__name__}: {exc}",
                        traceback=traceback.format_exc(), wall_time_s=time.time() - started,

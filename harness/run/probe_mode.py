@@ -14,8 +14,11 @@ def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from harness.measure.probe import run_probe
     from harness.devices import select_device
 
+    from harness.run.resources import check_probe_run
+
     started = time.time()
     device = select_device(cfg.trainer.device)
+    check_probe_run(cfg)  # refused before anything is drawn if a row cannot fit
     rows = run_probe([cfg.model.name], list(cfg.probe.d), list(cfg.probe.n) if cfg.probe.n is not None else None, seed=cfg.probe.seed,
                      candidates=cfg.probe.candidates, max_queries=cfg.probe.max_queries,
                      device=str(device), progress=cfg.trainer.progress,

@@ -7,6 +7,7 @@ Random draws happen in a fixed order, so a (seed, split, device) triple fixes th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, NoReturn, TypeVar
 
@@ -66,8 +67,8 @@ def check_int(task: str, name: str, value: object, minimum: int = 1) -> None:
 
 
 def check_float(task: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        fail(f"{task}: {name} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        fail(f"{task}: {name} must be a finite number, got {value!r}")
     return float(value)
 
 

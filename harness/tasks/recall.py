@@ -42,6 +42,7 @@ from harness.tasks.base import (PAD, Batch, as_config, balanced_choice, check_ca
                         validate_settings)
 
 NAME = "recall"
+MAX_POWER_A = 8.0
 SLICE_NAME = "num_pairs"
 
 
@@ -65,7 +66,8 @@ def _validate_setting(cfg: Config, where: str) -> None:
     check_int(NAME, "vocab_size", cfg.vocab_size, minimum=4)
     check_int(NAME, f"{where}num_pairs", cfg.num_pairs)
     a = check_float(NAME, "power_a", cfg.power_a)
-    require(a > 0, f"{NAME}: power_a must be > 0, got {cfg.power_a}")
+    # Above MAX_POWER_A, (s+1)^(power_a-1) overflows float32 at long gaps (power_law_offsets).
+    require(0 < a <= MAX_POWER_A, f"{NAME}: power_a must be in (0, {MAX_POWER_A}] (1: uniform gaps), got {cfg.power_a}")
     n, t, v = cfg.num_pairs, cfg.seq_len, cfg.vocab_size
     keys, values = v // 2 - 1, v - v // 2
     require(n <= keys, f"{NAME}: {where}num_pairs={n} distinct keys do not fit in the key half "

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from harness.errors import RunError
+from harness.errors import OutOfMemory, RunError, first_line, is_out_of_memory
 from harness.layers.parts import qk_width
 from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
                              flat_config, write_json)
@@ -168,6 +168,28 @@ def _fmt_bytes(n: float) -> str:
     return f"{n} B"
 
 
+class StepClock:
+    """The loop's on_step callback, timing each step: from the loop's start (or the previous
+    step's end) to the end of its optimizer step. The median drops the intervals that also hold
+    an evaluation or a checkpoint; a single step is timed whole (its first-call set-up included)."""
+
+    def __init__(self, then: Callable[[int], None] | None = None) -> None:
+        self.then, self.last, self.intervals = then, time.perf_counter(), []
+
+    def __call__(self, step: int) -> None:
+        now = time.perf_counter()
+        self.intervals.append(now - self.last)
+        self.last = now
+        if self.then is not None:
+            self.then(step)
+
+    def seconds_per_step(self) -> float | None:
+        if not self.intervals:
+            return None
+        ordered = sorted(self.intervals)
+        return ordered[len(ordered) // 2]
+
+
 @dataclass
 class LoopState:
     """What the training loop carries from step to step besides the model and optimiser."""
@@ -216,9 +238,13 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     """
     from harness.outputs import checkpoint
     from harness.train.faults import FaultWatch, NumericalFault
+    from harness.train.memory import EVAL_CHUNK, check_training
 
-    started = time.time()
+    started, t0 = time.time(), time.perf_counter()
     tr = cfg.trainer
+    eval_batch = check_training(cfg)  # before any allocation: refused, or evaluation in pieces that fit
+    if eval_batch < min(EVAL_CHUNK, tr.eval_examples):
+        print(f"[harness] evaluation in pieces of {eval_batch} examples (more at once would not fit)")
     device = select_device(tr.device)
     torch.manual_seed(cfg.seed)
     if device.type == "cpu":
@@ -238,8 +264,8 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     if saved is not None:
         loop = _restore(saved, model, opt, sched)
         started -= loop.elapsed_s
-        print(f"[harness] resuming from {out_dir / checkpoint.CHECKPOINT_FILE} at step {loop.step}")
-    ckpt_path = out_dir / checkpoint.CHECKPOINT_FILE
+        print(f"[harness] resuming from {saved['path']} at step {loop.step}")
+    ckpt_path = Path(saved["path"]) if saved is not None else None
     ckpt_step = loop.step if saved is not None else None
 
     from harness.outputs.wandb_logger import make_logger
@@ -256,6 +282,8 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{mcfg.name}",
                    disable=not tr.progress, dynamic_ncols=True, leave=True)
         stopped_early = False
+        on_step = clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
+        setup_s = clock.last - t0
         while loop.step < tr.max_steps:
             inputs, targets = next(batches)
             with watch.forward_pass(), autocast():
@@ -279,7 +307,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                 on_step(step)
             if step % tr.eval_every == 0 or step == tr.max_steps:
                 watch.check()
-                loop.last_eval = evaluate(model, eval_sets, autocast)
+                loop.last_eval = evaluate(model, eval_sets, autocast, chunk=eval_batch)
                 loop.eval_step = step
                 row = {"step": step, "time_s": time.time() - started,
                        "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
@@ -294,7 +322,8 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
             if (due or terminate.requested) and step < tr.max_steps:
                 watch.check()  # only a clean state is saved: the last checkpoint is always good
                 loop.elapsed_s = time.time() - started
-                checkpoint.save(ckpt_path, _checkpoint_payload(cfg, model, opt, sched, loop, logger))
+                ckpt_path = checkpoint.save_checkpoint(out_dir, step, _checkpoint_payload(
+                    cfg, model, opt, sched, loop, logger))
                 ckpt_step = step
                 if terminate.requested:
                     raise RunError(f"stopped by SIGTERM after step {step}; the checkpoint "
@@ -303,34 +332,46 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         watch.check()
         step, last_eval = loop.step, loop.last_eval
         if loop.eval_step != step:
-            last_eval = evaluate(model, eval_sets, autocast)
+            last_eval = evaluate(model, eval_sets, autocast, chunk=eval_batch)
         summary: dict[str, Any] = {
             "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
             "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
+            "step_time_s": clock.seconds_per_step(),
             **state_summary(model, max_len),
         }
         for p in last_eval["settings"]:
             summary[f"accuracy/{p['name']}"] = p["accuracy"]
         results["slices"] = last_eval["slices"]
         if tr.measure:
+            measure_t0 = time.perf_counter()
             measured = _measure(model, eval_sets, tr.measure_examples)
+            summary["measure_time_s"] = time.perf_counter() - measure_t0
             summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
             results["heads"] = measured["heads"]
             results["measure"] = measured["measure"]
+        summary["setup_time_s"] = setup_s  # this process's, before its first step
         summary["wall_time_s"] = time.time() - started
         results["summary"] = summary
         results["env"] = env_info(str(device))
-        if tr.checkpoint:
-            checkpoint.save(out_dir / "model.pt", {"model": model.state_dict(),
-                                                   "config": OmegaConf.to_container(cfg, resolve=True)})
+        if tr.checkpoint:  # its checksum goes into results.json (checkpoint.load_model verifies it)
+            results["files"] = {checkpoint.MODEL_FILE: checkpoint.save_model(
+                out_dir, {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True)})}
         write_json(out_dir / RESULTS_FILE, results)
-        ckpt_path.unlink(missing_ok=True)  # finished: model.pt and results.json replace it
+        checkpoint.remove_checkpoints(out_dir)  # finished: model.pt and results.json replace them
         logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
         failed = False
     except NumericalFault as fault:
         fault.record["checkpoint"] = ({"path": str(ckpt_path), "step": ckpt_step}
                                       if ckpt_step is not None else None)
         raise
+    except Exception as exc:  # an allocation that failed although the estimate fitted
+        if not is_out_of_memory(exc):
+            raise
+        raise OutOfMemory(f"out of memory at step {loop.step} of training ({first_line(exc)}); "
+                          f"lower trainer.batch_size or trainer.eval_examples, or use a larger device",
+                          oom={"step": loop.step, "error": first_line(exc, 500)},
+                          checkpoint={"path": str(ckpt_path), "step": ckpt_step} if ckpt_step is not None
+                          else None) from None
     finally:
         terminate.restore()
         metrics.close()

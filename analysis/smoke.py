@@ -1,0 +1,194 @@
+"""A profile smoke-tested: every job of every experiment grid, one training step each, then every
+figure, then what the full profile would cost.
+
+    python -m analysis.figures --profile paper --smoke [--out DIR] [--smoke-grid last]
+
+The experiments are the files of harness/conf/experiment/<profile>/ (the quick profile: the
+files of harness/conf/experiment/ itself), so a new experiment is smoke-tested without being
+listed anywhere. Each runs as `python -m harness -m +experiment=<name>` with its own launcher
+(the code path a full run takes) and these overrides: one training step, two examples per
+batch and per evaluation, on the CPU, one thread a job. Every size that shapes the work (width,
+sequence and test lengths, pairs, vocabulary, probe grid, cost lengths) stays the profile's, so
+a configuration that cannot build, fit or finish fails here, in minutes, and not hours into a
+cluster job. Probe and cost runs have no steps: they run whole (cost with one timed round).
+
+The cost of the full profile is reported per experiment: jobs x steps x seconds per step, the
+seconds per step measured in each smoke job (its one step, first-call set-up included, so an
+upper estimate) and scaled from the smoke's batch to the profile's; each evaluation and the
+end-of-run measurements are scaled from the smoke's examples to the profile's in the same way;
+probe and cost runs count their measured time. The device is the one the smoke ran on; run the smoke on a GPU node for a GPU's figure.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SMOKE_BATCH = 2
+SMOKE = ["logger=none", "trainer.max_steps=1", f"trainer.batch_size={SMOKE_BATCH}",
+         f"trainer.eval_examples={SMOKE_BATCH}", f"trainer.measure_examples={SMOKE_BATCH}",
+         "trainer.eval_every=1", "trainer.device=cpu", "trainer.threads=1", "trainer.ckpt_every=null",
+         "trainer.target_accuracy=null", "trainer.progress=false", "cost.repeats=1"]
+COST_FILE = "cost_estimate.json"
+
+
+def experiments(profile: str) -> list[str]:
+    """The experiment names of a profile, from its files: `paper/<name>` or `<name>`."""
+    from harness.config.compose import CONF_DIR
+
+    root = CONF_DIR / "experiment"
+    folder = root if profile == "quick" else root / profile
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def _compose(profile: str, name: str, overrides=()):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.config.compose import CONF_DIR
+    from harness.config.schema import register
+
+    register()
+    if not GlobalHydra.instance().is_initialized():
+        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+    full = name if profile == "quick" else f"{profile}/{name}"
+    return compose(config_name="config", overrides=[f"+experiment={full}", *overrides], return_hydra_config=True)
+
+
+def sweep_params(profile: str, name: str) -> dict[str, list[str]]:
+    """The grid of an experiment: each swept key and its values, as the sweeper will read them."""
+    params = _compose(profile, name).hydra.sweeper.params or {}
+    return {str(k): [v.strip() for v in str(v).split(",")] for k, v in params.items()}
+
+
+def grid_overrides(params: dict[str, list[str]], grid: str) -> list[str]:
+    """`last`: each swept key but the mixer pinned to its last value (the profiles list sizes
+    in increasing order), so the check runs every mixer at the largest sizes only."""
+    if grid == "all":
+        return []
+    return [f"{k}={v[-1]}" for k, v in params.items() if k != "model"]
+
+
+def job_count(params: dict[str, list[str]], grid: str) -> int:
+    counts = [len(v) for k, v in params.items() if grid == "all" or k == "model"]
+    return math.prod(counts) if counts else 1
+
+
+def run(profile: str, root: Path, out_dir: Path, specs, *, smoke_grid: str = "all", only=None,
+        runner=None) -> int:
+    """Run the smoke into ``root``, draw ``specs`` into ``out_dir``, print the cost; exit code
+    0 when every job ran and every figure was drawn, 1 otherwise. ``only``: the experiments of
+    the figures asked for (`--only`); None: every experiment file of the profile."""
+    from analysis import figures
+
+    runner = runner or subprocess.run
+    names = [n for n in experiments(profile) if only is None or n in only]
+    started = time.time()
+    failed = []
+    for name in names:
+        params = sweep_params(profile, name)
+        cmd = [*figures.sweep_command(profile, name, root / name), *SMOKE, *grid_overrides(params, smoke_grid)]
+        print(f"smoke {name} ({job_count(params, smoke_grid)} jobs): {' '.join(cmd)}", flush=True)
+        t0 = time.time()
+        code = runner(cmd, check=False).returncode
+        print(f"smoke {name}: exit {code} after {time.time() - t0:.0f} s", flush=True)
+        if code != 0:
+            failed.append(name)
+    elapsed = time.time() - started
+    written, missed = figures.render(specs, root, out_dir)
+    estimate = cost_estimate(profile, root, names)
+    (root / COST_FILE).write_text(json.dumps(estimate, indent=2) + "\n")
+    print(format_estimate(estimate, profile, elapsed))
+    if failed:
+        print(f"python -m analysis.figures: smoke sweeps that failed: {', '.join(failed)}", file=sys.stderr)
+    code = figures.report(written, missed, specs, out_dir)
+    return 1 if failed or code else 0
+
+
+def _full_settings(profile: str, name: str) -> dict:
+    """What the full profile runs per job of an experiment (its first grid point)."""
+    params = sweep_params(profile, name)
+    cfg = _compose(profile, name, [f"{k}={v[0]}" for k, v in params.items()])
+    tr = cfg.trainer
+    return {"mode": cfg.mode, "max_steps": tr.max_steps, "batch_size": tr.batch_size,
+            "eval_every": tr.eval_every, "eval_examples": tr.eval_examples,
+            "measure_examples": min(tr.measure_examples, tr.eval_examples) if tr.measure else 0,
+            "jobs": job_count(params, "all")}
+
+
+def job_seconds(result: dict, full: dict) -> float | None:
+    """The full profile's seconds for the job a smoke result stands for (None: not measured)."""
+    summary = result.get("summary") or {}
+    if result.get("mode") != "train":
+        return summary.get("wall_time_s")
+    step = summary.get("step_time_s")
+    if step is None:
+        return None
+    config = result.get("config") or {}
+    batch = config.get("trainer.batch_size") or SMOKE_BATCH
+    examples = config.get("trainer.eval_examples") or SMOKE_BATCH
+    measured = min(config.get("trainer.measure_examples") or SMOKE_BATCH, examples)
+    measure = summary.get("measure_time_s") or 0.0
+    setup = summary.get("setup_time_s") or 0.0
+    steps = summary.get("steps") or 1
+    evaluation = max(0.0, summary.get("wall_time_s", 0.0) - setup - steps * step - measure)  # one evaluation
+    evals = full["max_steps"] // full["eval_every"] + 1
+    return (setup + full["max_steps"] * step * full["batch_size"] / batch
+            + evals * evaluation * full["eval_examples"] / examples
+            + measure * full["measure_examples"] / max(1, measured))
+
+
+def cost_estimate(profile: str, root: Path, names: list[str]) -> dict:
+    """Per experiment: jobs, steps, measured seconds per step and the full profile's time."""
+    from analysis.loader import NoResultsError, find_results
+
+    rows = {}
+    for name in names:
+        full = _full_settings(profile, name)
+        try:
+            files = find_results(root / name)
+        except NoResultsError:
+            files = []
+        results = [json.loads(f.read_text()) for f in files]
+        ok = [r for r in results if r.get("status") == "ok"]
+        seconds = [s for s in (job_seconds(r, full) for r in ok) if s is not None]
+        steps = [r["summary"]["step_time_s"] for r in ok if r.get("mode") == "train"
+                 and r.get("summary", {}).get("step_time_s") is not None]
+        devices = sorted({str((r.get("env") or {}).get("device")) for r in ok})
+        mean = sum(seconds) / len(seconds) if seconds else math.nan
+        rows[name] = {
+            "mode": full["mode"], "jobs": full["jobs"], "smoke_jobs": len(results), "smoke_ok": len(ok),
+            "steps_per_job": full["max_steps"] if full["mode"] == "train" else None,
+            "batch_size": full["batch_size"] if full["mode"] == "train" else None,
+            "smoke_seconds_per_step": (sorted(steps)[len(steps) // 2] if steps else None),
+            "seconds_per_job": mean, "total_seconds": mean * full["jobs"], "devices": devices,
+        }
+    total = sum(r["total_seconds"] for r in rows.values() if not math.isnan(r["total_seconds"]))
+    return {"profile": profile, "experiments": rows, "total_seconds": total,
+            "smoke_batch": SMOKE_BATCH}
+
+
+def _hours(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds / 3600:,.1f} h"
+
+
+def format_estimate(estimate: dict, profile: str, elapsed: float) -> str:
+    rows = estimate["experiments"]
+    devices = sorted({d for r in rows.values() for d in r["devices"]}) or ["?"]
+    lines = [f"smoke of the {profile} profile: {sum(r['smoke_jobs'] for r in rows.values())} jobs "
+             f"({sum(r['smoke_ok'] for r in rows.values())} ok) in {elapsed:.0f} s",
+             f"expected cost of the full {profile} profile on {', '.join(devices)}, one thread a job "
+             f"(jobs x steps x seconds per step, scaled from batch {estimate['smoke_batch']}):",
+             f"  {'experiment':<12} {'mode':<6} {'jobs':>6} {'steps':>7} {'s/step (smoke)':>15} "
+             f"{'per job':>10} {'total':>12}"]
+    for name, r in rows.items():
+        steps = "-" if r["steps_per_job"] is None else f"{r['steps_per_job']:,}"
+        per = "-" if r["smoke_seconds_per_step"] is None else f"{r['smoke_seconds_per_step']:.2f}"
+        lines.append(f"  {name:<12} {r['mode']:<6} {r['jobs']:>6,} {steps:>7} {per:>15} "
+                     f"{_hours(r['seconds_per_job']):>10} {_hours(r['total_seconds']):>12}")
+    lines.append(f"  {'all':<12} {'':<6} {sum(r['jobs'] for r in rows.values()):>6,} {'':>7} {'':>15} {'':>10} "
+                 f"{_hours(estimate['total_seconds']):>12}  (job-hours: divide by the jobs run at once)")
+    return "\n".join(lines)

@@ -1,0 +1,219 @@
+"""Peak memory of a training run, estimated from the config before anything large is allocated.
+
+A run holds, for its whole length, the parameters with their gradients and AdamW's two moments
+(16 bytes a parameter in float32) and the held-out evaluation batches; a training step adds the
+data chunk it was generated in and the activations kept for the backward pass; an evaluation
+adds one forward pass over `chunk` examples without them. Per token and layer a pre-norm block
+keeps its norms, q/k/v (before and after the short convolution and the feature map), the
+mixer's read-out and the MLP's hidden layer; the mixer's core adds what its form forms at once
+(harness.ops): an (c x c) block per chunk and a state per chunk boundary (chunk form), the
+(T x T) weights (parallel form), a state per token (recurrent form); softmax's fused kernel
+forms no (T x T) matrix. The end-of-run measurements hold every mixer's hook tensors for
+`measure_examples` examples at once (harness.measure.trained). The logits cost
+three vocabulary-wide rows per token (logits, log-softmax, gradient).
+
+The figures are deliberately a little high: tests/test_resources.py holds every built-in mixer
+between the peak measured by harness.bench.memory and three times it. `check_training` refuses
+in one line what cannot fit; `eval_chunk` streams evaluation in pieces that do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from harness.config.build import model_config, task_config
+from harness.devices import check_fits, format_bytes, memory_limit, select_device
+from harness.errors import ResourceError
+from harness.layers import registry
+from harness.layers.parts import qk_width
+from harness.model import ModelConfig, uses_learned_positions
+
+FLOAT = 4                 # bytes: parameters, activations and logits are float32 (bf16 autocast: less)
+TOKEN_DATA = 4 * 8 * 2    # bytes a token of a generated batch holds: 4 long tensors, as much again while made
+EVAL_CHUNK = 256          # examples per evaluation forward pass, at most (harness.train.loop.evaluate)
+HEADROOM = 256 * 2**20    # the interpreter, torch and the allocator's own slack
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the estimate needs to know of a model, read off its config and its mixer's class."""
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_qk: int          # per-head width of q and k
+    d_key: int         # per-head key side of the state (feature maps change it)
+    mlp_ratio: int
+    core: str          # harness.ops core of the mixer ("" when it declares none)
+    form: str
+    chunk: int
+    vocab: int
+    params: int
+
+
+def param_count(mcfg: ModelConfig, vocab: int, max_len: int) -> int:
+    """Parameters of the language model, counted from the config (nothing is built): embedding and
+    head, learned positions, and per block its norms, MLP and the mixer's projections (q, k, v,
+    output, a gate's worth more for the gated and decayed mixers, the short convolution)."""
+    C, H, r = mcfg.d_model, mcfg.n_heads, mcfg.mlp_ratio
+    qkv = 2 * H * qk_width(mcfg) + C
+    mixer = C * qkv + 2 * C * C + (qkv * mcfg.conv_size if mcfg.short_conv else 0) + 4 * C
+    block = mixer + 2 * r * C * C + (r + 1) * C + 4 * C
+    embed = vocab * C * (1 if mcfg.tie_embeddings else 2)
+    positions = max_len * C if uses_learned_positions(mcfg) else 0
+    return embed + positions + mcfg.n_layers * block + 2 * C
+
+
+def model_facts(mcfg: ModelConfig, vocab: int, max_len: int) -> ModelFacts:
+    cls = registry.resolve(mcfg.name)
+    d_qk = qk_width(mcfg)
+    key_width = getattr(cls, "key_width", None)
+    d_key = int(key_width(d_qk, mcfg)) if callable(key_width) else d_qk
+    core_for = getattr(cls, "core_for", None)
+    core = core_for(mcfg) if callable(core_for) else getattr(cls, "core", "")
+    return ModelFacts(mcfg.d_model, mcfg.n_layers, mcfg.n_heads, d_qk, d_key, mcfg.mlp_ratio,
+                      core if isinstance(core, str) else "", mcfg.form, mcfg.chunk_size, vocab,
+                      param_count(mcfg, vocab, max_len))
+
+
+def _mixer_elements(f: ModelFacts, T: int, training: bool) -> float:
+    """Elements per token one mixer's core forms at once (kept for the backward when training)."""
+    H, m, dv = f.n_heads, f.d_key, f.d_model // f.n_heads
+    per_dim = m if f.core == "decay_per_dim" else 1
+    if f.core == "softmax":  # the fused kernel never forms the (T x T) weights (harness.ops.softmax)
+        return (8.0 if training else 4.0) * H * dv
+    if f.core == "":  # a mixer that declares no core: as much as a softmax, to be safe
+        return 2.0 * H * T + 4.0 * f.d_model
+    if f.form == "parallel":
+        return (4.0 if training else 2.0) * H * T * per_dim
+    if f.form == "recurrent":  # a state per token, kept for the backward pass
+        return (1.0 if training else 0.0) * H * m * (dv + 1) + 4.0 * H * m
+    c = min(f.chunk, T)  # the (c x c) block of a chunk; a per-dimension gate adds key-wide factors
+    return 4.0 * H * c + (8.0 * H * m if per_dim > 1 else 0.0) + 2.0 * H * m * (dv + 1) / c + 4.0 * H * m
+
+
+def _block_elements(f: ModelFacts, T: int, training: bool) -> float:
+    """Elements per token one block holds: norms, q/k/v twice (projection, convolution), the
+    feature-mapped q and k, read-out and output, the MLP's hidden layer twice (before and after
+    the activation), the residual stream."""
+    C, H = f.d_model, f.n_heads
+    qkv = 2 * H * f.d_qk + C
+    if training:
+        dense = 2 * qkv + 2 * H * f.d_key + 6 * C + 2 * f.mlp_ratio * C
+    else:  # no_grad: what one block has alive at its widest point
+        dense = qkv + 2 * H * f.d_key + 2 * C + 2 * f.mlp_ratio * C
+    return dense + _mixer_elements(f, T, training)
+
+
+def activation_bytes(f: ModelFacts, batch: int, T: int, training: bool, logit_rows: int | None = None) -> float:
+    """One forward pass over (batch, T) tokens: every block's activations when training (all are
+    kept for the backward pass), one block's at a time when not; plus `logit_rows` vocabulary-wide
+    rows per token (training: logits, log-softmax, gradient; evaluation: logits and the masked copy)."""
+    tokens = batch * T
+    blocks = f.n_layers if training else 1
+    logits = (logit_rows if logit_rows is not None else 3 if training else 2) * f.vocab
+    return FLOAT * tokens * (blocks * _block_elements(f, T, training) + logits + 4 * f.d_model)
+
+
+def state_bytes(f: ModelFacts) -> float:
+    """Parameters, gradients and AdamW's two moments."""
+    return 4 * FLOAT * f.params
+
+
+def eval_bytes(f: ModelFacts, lengths: list[int], batch: int, examples: int) -> float:
+    """Peak bytes of evaluating at every length in `lengths` (the held-out sets: `examples` each),
+    `batch` examples per forward pass, beside a training run's parameters and optimizer state.
+    Kept apart from evaluate() so that any evaluation that streams by length and batch can ask."""
+    held = sum(examples * T * TOKEN_DATA / 2 for T in lengths)
+    return state_bytes(f) + held + max(activation_bytes(f, min(batch, examples), T, training=False)
+                                       for T in lengths) + HEADROOM
+
+
+def measure_bytes(f: ModelFacts, lengths: list[int], examples: int) -> float:
+    """Peak bytes of the end-of-run measurements (harness.measure.trained.measure_model): every
+    mixer's hook tensors (q and k before and after the feature map, v, the read-out) for
+    `examples` examples of an evaluation set, captured MEASURE_CHUNK examples per forward pass,
+    beside the run's state."""
+    from harness.measure.trained import MEASURE_CHUNK
+
+    H, dv = f.n_heads, f.d_model // f.n_heads
+    hooks = f.n_layers * (2 * H * f.d_qk + 2 * H * f.d_key + 2 * H * dv + H)
+    return state_bytes(f) + max(activation_bytes(f, min(examples, MEASURE_CHUNK), T, training=False, logit_rows=1)
+                                + 2 * FLOAT * examples * T * hooks
+                                for T in lengths) + HEADROOM
+
+
+def train_bytes(f: ModelFacts, batch: int, T: int, data_chunk: int) -> float:
+    """Peak bytes of a training step: state, the generated data chunk and the step's activations."""
+    return state_bytes(f) + batch * data_chunk * T * TOKEN_DATA + activation_bytes(f, batch, T, True) + HEADROOM
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The sizes of a training run that its memory depends on."""
+    facts: ModelFacts
+    train_len: int
+    eval_lens: list[int]
+    batch: int
+    data_chunk: int
+    eval_examples: int
+
+
+def run_shape(cfg: DictConfig) -> RunShape:
+    """cfg's sizes; the lengths from one generated example per setting (exact, and cheap)."""
+    module, tcfg = task_config(cfg.task)
+    train_len = module.make_batch(tcfg, 1, seed=0, split="train").inputs.shape[1]
+    eval_lens = [module.make_batch(s, 1, seed=0, split="test").inputs.shape[1] for s in module.eval_settings(tcfg)]
+    facts = model_facts(model_config(cfg.model), tcfg.vocab_size, module.max_seq_len(tcfg))
+    tr = cfg.trainer
+    return RunShape(facts, train_len, eval_lens, tr.batch_size, tr.data_chunk, tr.eval_examples)
+
+
+def eval_chunk(shape: RunShape, limit: float) -> int:
+    """The most examples per evaluation pass (at most EVAL_CHUNK) whose peak fits in `limit`;
+    0 when not even one example fits."""
+    batch = min(EVAL_CHUNK, shape.eval_examples)
+    while batch >= 1:
+        if max(eval_bytes(shape.facts, shape.eval_lens, batch, shape.eval_examples),
+               train_bytes(shape.facts, shape.batch, shape.train_len, shape.data_chunk)) <= limit:
+            return batch
+        batch //= 2
+    return 0
+
+
+def check_training(cfg: DictConfig) -> int:
+    """Refuse (ResourceError, one line) a training run whose step or evaluation cannot fit on its
+    device; otherwise the evaluation chunk that fits (EVAL_CHUNK, or fewer examples per pass)."""
+    shape = run_shape(cfg)
+    device = select_device(cfg.trainer.device)
+    f, tr = shape.facts, cfg.trainer
+    check_fits(f"training: batch {tr.batch_size} x length {shape.train_len} x width {f.d_model} "
+               f"({f.n_layers} layers, {f.params:,} parameters, vocabulary {f.vocab})",
+               train_bytes(f, shape.batch, shape.train_len, shape.data_chunk), device)
+    limit, where = memory_limit(device)
+    chunk = eval_chunk(shape, limit)
+    if chunk == 0:
+        need = eval_bytes(f, shape.eval_lens, 1, shape.eval_examples)
+        raise ResourceError(f"evaluation: {tr.eval_examples} examples at length {max(shape.eval_lens)} "
+                            f"needs about {format_bytes(need)} even one example at a time; "
+                            f"{where} has {format_bytes(limit)}")
+    if tr.measure:
+        examples = min(tr.measure_examples, tr.eval_examples)
+        need = measure_bytes(f, shape.eval_lens, examples)
+        if need > limit:
+            raise ResourceError(f"measurement: {examples} examples at length {max(shape.eval_lens)} needs about "
+                                f"{format_bytes(need)} (lower trainer.measure_examples, or set "
+                                f"trainer.measure=false); {where} has {format_bytes(limit)}")
+    return chunk
+
+
+def total_bytes(cfg: DictConfig) -> float:
+    """The run's estimated peak (training step or evaluation, whichever is larger)."""
+    shape = run_shape(cfg)
+    f = shape.facts
+    return max(train_bytes(f, shape.batch, shape.train_len, shape.data_chunk),
+               eval_bytes(f, shape.eval_lens, min(EVAL_CHUNK, shape.eval_examples), shape.eval_examples))
+
+
+__all__ = ["ModelFacts", "RunShape", "activation_bytes", "check_training", "eval_bytes", "eval_chunk",
+           "model_facts", "param_count", "run_shape", "total_bytes", "train_bytes"]

@@ -1,0 +1,38 @@
+"""The paper profile, smoke-tested through the real command: every paper experiment's mixers at
+the largest point of its grid (`--smoke-grid last`), one training step per job on the CPU at the
+paper's sizes, through each experiment's own launcher; every figure drawn from those results and
+the full profile's cost printed. The probe (snr) and cost experiments run whole, as they have no
+steps to cut: they are left to the full smoke (`--smoke` without --only), which also runs every
+job of every grid (see the README for its time)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIGURES = ["capacity", "sharpness", "mqar", "induction", "state_vs_kv"]
+
+
+@pytest.mark.slow
+def test_paper_smoke_runs_every_mixer_at_the_largest_sizes_and_draws_the_figures(tmp_path):
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "analysis.figures", "--profile", "paper", "--smoke", "--smoke-grid", "last",
+           "--out", str(tmp_path / "figs"), "--only", *FIGURES]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    for name in FIGURES:
+        assert (tmp_path / "figs" / f"{name}.png").stat().st_size > 10_000
+    root = tmp_path / "results" / "paper-smoke"
+    for experiment in ("capacity", "sharpness", "mqar", "induction"):
+        runs = [json.loads(p.read_text()) for p in (root / experiment).rglob("results.json")]
+        assert len(runs) == 7 and all(r["status"] == "ok" for r in runs), experiment
+        assert all(r["summary"]["steps"] == 1 and r["summary"]["step_time_s"] > 0 for r in runs)
+    estimate = json.loads((root / "cost_estimate.json").read_text())["experiments"]
+    assert {k: v["jobs"] for k, v in estimate.items()} == {"capacity": 63, "induction": 21, "mqar": 1008,
+                                                           "sharpness": 21}
+    assert all(v["total_seconds"] > 0 for v in estimate.values())
+    assert "expected cost of the full paper profile on cpu" in done.stdout
