@@ -14,10 +14,10 @@ import sys
 import pytest
 import torch
 
+import harness
 from harness.config.compose import compose_config
 from harness.errors import DamagedFile
 from harness.outputs import checkpoint
-import harness
 from harness.outputs.checkpoint import checkpoint_files, load_model
 from harness.outputs.lock import LOCK_FILE
 from harness.run.job import find_completed, run_job
