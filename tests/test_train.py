@@ -33,7 +33,7 @@ def test_task_model_pair_runs(tmp_path, task, model):
 
 def test_recall_accuracy_is_sliced_per_num_pairs(tmp_path):
     res = run(tmp_path, "task=recall", "model=softmax", "task.test_num_pairs=[2,4,8]",
-              "task.test_seq_len=64")
+              "task.test_seq_len=[64]")
     values = sorted({r["value"] for r in res["slices"] if r["slice"] == "num_pairs"})
     assert values == [2, 4, 8]
 

@@ -19,7 +19,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from harness.tasks.base import IGNORE, PAD, Batch
+from harness.tasks.base import IGNORE, PAD, Batch, label_positions
 
 PROTOCOL = ("Config", "validate", "eval_settings", "max_seq_len", "make_batch")
 
@@ -66,4 +66,10 @@ def get_task(name: str) -> ModuleType:
     return module
 
 
-__all__ = ["TASKS", "PROTOCOL", "get_task", "is_outside", "Batch", "IGNORE", "PAD"]
+def train_length(module: ModuleType, cfg) -> int:
+    """The training sequence length of a task config, read off one generated example (tasks
+    derive it differently: interference from N when seq_len is null)."""
+    return int(module.make_batch(cfg, 1, seed=0, device="cpu").inputs.shape[1])
+
+
+__all__ = ["TASKS", "train_length", "PROTOCOL", "get_task", "is_outside", "Batch", "IGNORE", "PAD", "label_positions"]
