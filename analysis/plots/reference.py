@@ -92,3 +92,22 @@ def favor_features(d: int) -> int:
         return int(fn("favor", d)) if fn is not None else round(d * math.log(d))
     except Exception:
         return round(d * math.log(d))
+
+
+def length_accuracy_curve(lengths, *, num_pairs: int, d_key: float, value_dim: int, candidates: int,
+                          log_decay: float = 0.0, distractor_rate: float = 0.0,
+                          num_queries: int | None = None, power_a: float = 0.01) -> tuple[np.ndarray | None, str]:
+    """Predicted recall accuracy of the recall task against length, N fixed
+    (harness.measure.theory.predicted_length_accuracy): an additive state of key dimension
+    d_key, writes weighted by a constant per-step decay, distractor writes as crosstalk pairs.
+    None (and why) when harness.measure.theory cannot give it."""
+    fn = _function("harness.measure.theory", "predicted_length_accuracy")
+    if fn is None:
+        return None, "predicted accuracy not drawn: harness.measure.theory.predicted_length_accuracy not available"
+    try:
+        acc = fn(np.asarray(lengths), int(num_pairs), float(d_key), int(value_dim), int(candidates),
+                 log_decay=float(log_decay), distractor_rate=float(distractor_rate),
+                 num_queries=None if num_queries is None else int(num_queries), power_a=float(power_a))
+    except Exception as err:
+        return None, f"predicted accuracy not drawn: harness.measure.theory.predicted_length_accuracy failed: {err}"
+    return np.asarray(acc, dtype=float), "accuracy: harness.measure.theory.predicted_length_accuracy"
