@@ -83,9 +83,9 @@ class EvalSet:
 
 
 def setting_names(settings: list) -> list[str]:
-    """A name per evaluation setting from the fields in which the settings differ
-    ("num_pairs=8", "num_pairs=8,seq_len=1024", "depth=0.5,seq_len=4096"); a single setting
-    is named by its num_pairs where it has one, else "set0"."""
+    """A name per evaluation setting from the fields in which the settings differ, in the order
+    of the task's Config ("num_pairs=8", "seq_len=1024,num_pairs=8", "seq_len=4096,depth=0.5");
+    a single setting is named by its num_pairs where it has one, else "set0"."""
     rows = [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(vars(s)) for s in settings]
     fields = [f for f in rows[0] if len({repr(r.get(f)) for r in rows}) > 1] if rows else []
     if not fields and rows and "num_pairs" in rows[0]:
@@ -110,7 +110,8 @@ def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device) -> list[Ev
 def periodic_sets(eval_sets: list[EvalSet], train_len: int) -> list[EvalSet]:
     """The sets evaluated every `trainer.eval_every` steps (and that early stopping watches):
     those no longer than the training length. Longer ones measure extrapolation, not training
-    progress, and are evaluated once, at the end; when every set is longer, all are periodic."""
+    progress, and are evaluated once, at the end; when every set is longer (the run asks for
+    nothing else), all are periodic."""
     return [es for es in eval_sets if es.seq_len <= train_len] or list(eval_sets)
 
 
