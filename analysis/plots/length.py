@@ -89,8 +89,8 @@ def length_figure(data) -> Figure:
         if TRAIN_LEN in part.columns:
             for trained in sorted(part[TRAIN_LEN].dropna().unique()):
                 ax.axvline(trained, color="0.4", lw=0.9, ls=":")
-                ax.text(trained, 1.0, f" trained at {trained:g}", fontsize="x-small", color="0.3",
-                        va="top", ha="left")
+                ax.text(trained, 0.0, f" trained at {trained:g}", fontsize="x-small", color="0.3",
+                        va="bottom", ha="left")
         log2_axis(ax, pts["seq_len"])
         where = "distractors (filler=random)" if layout == "random" else f"filler={layout}"
         ax.set(ylim=(-0.02, 1.05), xlabel="evaluation length T (tokens)",
