@@ -1,9 +1,10 @@
 """Forgetting: recall of keys written twice (the latest value wanted) against keys written once
 (figure 11).
 
-Left: accuracy on overwritten and on untouched keys per mixer. An additive state keeps both of
-an overwritten key's values at full weight, so it cannot tell the latest from the stale one;
-decay and gating fade the older write (and, with it, the untouched keys' only write). Right:
+Left: accuracy on overwritten and on untouched keys per mixer. One additive state keeps both of
+an overwritten key's values at full weight and cannot tell the latest from the stale one by
+itself (a deeper model can learn to write the second one louder); decay and gating fade the
+older write by construction (and, with it, the untouched keys' only write). Right:
 accuracy against the age of the key's last write at the query (tokens, power-of-two bins).
 """
 from __future__ import annotations

@@ -36,15 +36,15 @@ def needle_figure(data) -> Figure:
     ncols = min(4, len(order))
     nrows = math.ceil(len(order) / ncols)
     fig, axes = new_figure(nrows, ncols, panel=(3.0, 2.6), legend=0.6)  # the colour bar is the legend
-    for i, (ax, model) in enumerate(zip(axes, order)):
+    for ax, model in zip(axes, order):
         grid = pts[pts["model"] == model].pivot_table(index="depth", columns="seq_len", values="accuracy")
         sns.heatmap(grid, vmin=0, vmax=1, cmap="viridis", annot=grid.shape[1] <= 6, fmt=".2f",
-                    annot_kws={"fontsize": 6}, cbar=i == len(order) - 1,
-                    cbar_kws={"label": "accuracy (fraction)"}, ax=ax)
+                    annot_kws={"fontsize": 6}, cbar=False, ax=ax)
         ax.set(title=model, xlabel="length T (tokens)", ylabel="needle depth (% of context)")
         ax.set_xticklabels([f"{float(t.get_text()):g}" for t in ax.get_xticklabels()], rotation=0)
         ax.set_yticklabels([f"{float(t.get_text()):g}" for t in ax.get_yticklabels()], rotation=0)
     for ax in axes[len(order):]:
         ax.set_visible(False)
+    fig.colorbar(axes[0].collections[0], ax=axes[:len(order)], label="accuracy (fraction)", shrink=0.8)
     fig.suptitle("Needle in a haystack: accuracy by depth and length")
     return fig

@@ -1,8 +1,9 @@
 """Forgetting MQAR: some keys are written again with a new value; a query wants the latest one.
 
 Zoology's forgetting variant of multi-query associative recall: the state must *replace* what
-it holds, which a plain additive state cannot (both values stay in it at full weight), decay
-and gating can (the older write has faded), and the delta rule does by construction.
+it holds. One additive state keeps both values at full weight (a model of several layers can
+still learn to make the later write the louder one); decay and gating fade the older write;
+the delta rule replaces it by construction.
 
 Vocabulary: token 0 is the filler; keys come from [1, V//2), values from [V//2, V). Each
 example makes W = N + M writes (key, value), back to back from position 0: each of N distinct
