@@ -35,8 +35,12 @@ from analysis.plots.attention import attention_figure
 from analysis.plots.capacity import capacity_figure
 from analysis.plots.common import warn
 from analysis.plots.cost import cost_figure, state_figure
+from analysis.plots.forgetting import forgetting_figure
+from analysis.plots.frontier import frontier_figure
 from analysis.plots.induction import induction_figure
+from analysis.plots.length import length_figure
 from analysis.plots.mqar import mqar_figure
+from analysis.plots.needle import needle_figure
 from analysis.plots.sharpness import sharpness_figure
 from analysis.plots.snr import snr_figure
 
@@ -60,6 +64,10 @@ FIGURES = (
     FigureSpec("induction", "induction", induction_figure),
     FigureSpec("state_vs_kv", None, state_figure),
     FigureSpec("cost", "cost", cost_figure),
+    FigureSpec("length", "length", length_figure),
+    FigureSpec("needle", "needle", needle_figure),
+    FigureSpec("frontier", "frontier", frontier_figure),
+    FigureSpec("forgetting", "forgetting", forgetting_figure),
 )
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 RESULTS_FILE = "results.json"
-TABLES = ("slices", "heads", "probe", "cost")
+TABLES = ("slices", "heads", "probe", "cost", "settings")
 RUN_COLUMNS = ("run_dir", "mode", "status", "error", "task", "model", "schema")
 # Groups of run columns, in the order they appear after the fixed ones.
 _PREFIXES = ("config.", "summary.", "env.")

@@ -65,8 +65,7 @@ class DPFPAttention(nn.Module):
 
     def effective_weights(self, hooks, rows=None) -> torch.Tensor:
         """a_ij = phi(q_i).phi(k_j) / sum_l phi(q_i).phi(k_l), (B, H, R, T): what the op computed."""
-        w = ops.linear_weights(hooks["q"], hooks["k"], causal=True, normalize=True, eps=self.eps)
-        return w if rows is None else w[:, :, rows]
+        return ops.linear_weights(hooks["q"], hooks["k"], causal=True, normalize=True, eps=self.eps, rows=rows)
 
     @classmethod
     def probe_memory(cls, d: int, seed: int, nu: int = 1) -> ProbeMemory:

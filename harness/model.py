@@ -178,7 +178,11 @@ class LanguageModel(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=1.0)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
+    def forward(self, input_ids: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits (B, T, V) of input_ids (B, T); with ``positions`` (B, K) long, the logits at
+        those positions only, (B, K, V): the final norm and the head (a V x C product per
+        position) then run where a task has labels, so a large vocabulary costs in proportion
+        to the labelled positions, not to T."""
         T = input_ids.shape[1]
         if T > self.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.max_seq_len}")
@@ -188,7 +192,9 @@ class LanguageModel(nn.Module):
         x = self.dropout(x)
         for block in self.layers:
             x = block(x)
-        return self.head(self.norm_f(x) * self.logit_scale)  # (B, T, V)
+        if positions is not None:
+            x = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # (B, K, C)
+        return self.head(self.norm_f(x) * self.logit_scale)  # (B, T, V) or (B, K, V)
 
     # ---------------------------------------------------------------------------------------
     # Introspection used by measurement, cost accounting and results.

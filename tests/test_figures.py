@@ -43,11 +43,15 @@ def test_figure_renders_with_labelled_axes_and_a_legend(name, frames):
     drawn = [ax for ax in fig.axes if ax.get_visible() and (ax.lines or ax.collections or ax.patches)
              and ax.get_label() != "<colorbar>"]  # a colorbar carries its unit on its own label
     assert drawn, "no data drawn"
+    colorbars = [ax for ax in fig.axes if hasattr(ax, "_colorbar")]
     for ax in drawn:  # units in brackets on every numeric axis (a mixer axis is categorical)
+        if ax in colorbars:  # a heatmap's colour bar: its label carries the unit
+            assert "(" in ax.get_ylabel() + ax.get_xlabel(), ax.get_ylabel()
+            continue
         twin = len(ax.get_shared_x_axes().get_siblings(ax)) > 1 and not ax.get_xlabel()
         assert twin or ax.get_xlabel() == "mixer" or "(" in ax.get_xlabel(), ax.get_xlabel()
         assert "(" in ax.get_ylabel(), ax.get_ylabel()
-    assert fig.legends, "a figure legend"
+    assert fig.legends or colorbars, "a figure legend (or a heatmap's colour bar)"
 
 
 def test_capacity_plots_each_mixer_against_n_over_d_with_theory(frames):
@@ -192,7 +196,8 @@ def test_missing_sweeps_are_run_then_plotted(profile, tmp_path, monkeypatch, cap
     chosen = NAMES if profile == "quick" else ["capacity", "snr", "state_vs_kv", "cost"]
     assert figures.main(["--profile", profile, "--out", "figs", "--only", *chosen]) == 1  # cost not drawn
     prefix = "" if profile == "quick" else "paper/"
-    missing = [e for e in ("snr", "sharpness", "mqar", "induction", "cost") if e in chosen]
+    missing = [e for e in ("snr", "sharpness", "mqar", "induction", "cost", "length", "needle", "frontier",
+                           "forgetting") if e in chosen]
     assert [c[4] for c in calls] == [f"+experiment={prefix}{e}" for e in missing]  # capacity exists
     assert all(c[:4] == [sys.executable, "-m", "harness", "-m"] for c in calls)
     assert calls[0][5] == f"hydra.sweep.dir={(root / 'snr').resolve().as_posix()}"

@@ -161,8 +161,10 @@ def test_effective_weights_reproduce_the_read_out(name):
         assert a.shape == (2, 2, 20, 20)
         assert torch.allclose(a @ hooks["v"], hooks["out"], rtol=0, atol=1e-10)
         rows = torch.tensor([3, 7, 19])
-        # the same rows, to rounding (a row subset may take another matmul blocking)
-        torch.testing.assert_close(mixer.effective_weights(hooks, rows=rows), a[:, :, rows], rtol=0, atol=1e-14)
+        part = mixer.effective_weights(hooks, rows=rows)  # built for those rows alone: O(R T)
+        assert part.shape == (2, 2, 3, 20)
+        torch.testing.assert_close(part, a[:, :, rows], rtol=0, atol=1e-13)
+        assert torch.allclose(part @ hooks["v"], hooks["out"][:, :, rows], rtol=0, atol=1e-10)
 
 
 def recall_batch(B: int = 4, T: int = 24):
@@ -186,11 +188,12 @@ def test_measure_model_tables(name):
     assert {(r["layer"], r["head"], r["value"]) for r in heads} == {
         (l, h, v) for l in range(2) for h in range(2) for v in (4, 8)
     }
-    keys = ["layer", "head", "slice", "value", "entropy", "norm_entropy", "eff_support", "max_weight",
+    keys = ["layer", "head", "slice", "value", "seq_len", "entropy", "norm_entropy", "eff_support", "max_weight",
             "target_weight", "target_rank", "monotonicity", "snr_measured", "snr_predicted"]
+    decay = ["log_decay"] if name == "mamba" else []
     for r in heads:
-        assert list(r) == keys and r["slice"] == "num_pairs"
-        for k in keys[4:]:
+        assert list(r) == keys + decay and r["slice"] == "num_pairs" and r["seq_len"] == 24
+        for k in keys[5:] + decay:
             assert math.isfinite(r[k]), (k, r)
         assert 0 < r["target_weight"] <= 1 and r["max_weight"] <= 1  # the span's sum may pass the max
         assert 1 <= r["target_rank"] and 1 <= r["eff_support"] <= 24
@@ -259,3 +262,41 @@ def test_measure_on_a_real_task_batch():
     out = measure_model(model, batch, max_examples=2)
     assert out["heads"] and all(r["slice"] == batch.slice_name for r in out["heads"])
     assert math.isfinite(out["summary"]["snr_measured"])
+
+
+def test_measurement_streamed_over_examples_is_the_single_pass():
+    model = tiny_model("retnet")
+    batch = recall_batch(B=6)
+    whole = measure_model(model, batch, tokens=10_000)
+    streamed = measure_model(model, batch, tokens=1)  # one example per forward pass
+    def numbers(row):
+        return {k: v for k, v in row.items() if isinstance(v, (int, float))}
+
+    assert numbers(whole["summary"]) == pytest.approx(numbers(streamed["summary"]), rel=1e-12, nan_ok=True)
+    assert len(whole["heads"]) == len(streamed["heads"]) == 2 * 2 * 2
+    for a, b in zip(whole["heads"], streamed["heads"]):
+        assert numbers(a) == pytest.approx(numbers(b), rel=1e-12, nan_ok=True)
+
+
+@pytest.mark.parametrize("name", ["softmax", "elu", "mamba"])
+def test_measurement_memory_grows_linearly_with_length(name):
+    """Rows at the query positions only: quadrupling T about quadruples the peak (a (T, T)
+    weight matrix per example would make it 16 times)."""
+    from harness.bench.memory import LiveMemory
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(name=name, d_model=16, n_heads=2, rotary=True, pos_emb="none"), 24, 4096)
+
+    def peak(t):
+        g = torch.Generator().manual_seed(1)
+        inputs = torch.randint(1, 24, (2, t), generator=g)
+        target_pos = torch.full((2, t), -1)
+        target_pos[:, -4:] = torch.tensor([1, 3, 5, 7])
+        slice_value = torch.where(target_pos >= 0, 4, -1)
+        batch = dict(inputs=inputs, target_pos=target_pos, slice_value=slice_value, slice_name="num_pairs")
+        with LiveMemory(list(model.parameters()) + [inputs]) as mem:
+            measure_model(model, batch, tokens=t)
+        return mem.peak
+
+    small, big = peak(512), peak(2048)
+    assert big / small < 5.5, f"peak grew {big / small:.1f}x when T quadrupled"

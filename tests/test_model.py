@@ -320,3 +320,22 @@ def test_short_conv_matches_conv1d_and_is_causal(size):
     x2 = x.detach().clone()
     x2[:, 5] += 1.0  # a change at t = 5 moves nothing before it
     assert torch.equal(conv(x2)[:, :5], conv(x.detach())[:, :5])
+
+
+@pytest.mark.parametrize("name", ["softmax", "elu", "mamba"])
+def test_logits_at_chosen_positions_are_those_of_the_full_head(name):
+    """forward(inputs, positions) runs the final norm and the head at those positions alone."""
+    model = build(name=name, dtype=torch.float64, tie_embeddings=name == "elu")
+    x = tokens(B=3, T=21)
+    positions = torch.tensor([[3, 7, 20], [0, 0, 5], [19, 2, 11]])
+    full = model(x)  # (B, T, V)
+    part = model(x, positions)  # (B, K, V)
+    assert part.shape == (3, 3, VOCAB)
+    torch.testing.assert_close(part, full.gather(1, positions.unsqueeze(-1).expand(-1, -1, VOCAB)),
+                               rtol=0, atol=1e-12)
+    # the head's product runs at K positions, not T: its input has K rows
+    seen = []
+    handle = model.head.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))
+    model(x, positions)
+    handle.remove()
+    assert seen == [torch.Size([3, 3, 16])]

@@ -170,3 +170,11 @@ def test_bad_arguments_raise_clear_errors():
         ops.decay_attention(q, k, v, ld, initial_state=s0[..., :1])
     with pytest.raises(ValueError, match="log_decay must be"):
         ops.decay_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], ld)
+
+
+@pytest.mark.parametrize("kind", ("scalar", "per_dim"))
+def test_weights_of_selected_rows_are_those_rows_of_the_matrix(kind):
+    q, k, v, ld, _ = inputs(30, kind, "strong", seed=11)
+    rows = torch.tensor([0, 3, 17, 29])
+    full = ops.decay_weights(q, k, ld)
+    torch.testing.assert_close(ops.decay_weights(q, k, ld, rows=rows), full[:, :, rows], rtol=0, atol=1e-12)

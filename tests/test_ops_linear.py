@@ -236,3 +236,14 @@ def test_bad_arguments_raise_clear_errors():
         ops.linear_attention(q[0], k[0], v[0])
     with pytest.raises(ValueError, match="initial state S"):
         ops.linear_attention(q, k, v, initial_state=(state[0][..., :1], state[1]))
+
+
+@pytest.mark.parametrize("causal,exclusive,normalize", [(True, False, True), (True, True, True),
+                                                       (False, False, True), (True, False, False)])
+def test_weights_of_selected_rows_are_those_rows_of_the_matrix(causal, exclusive, normalize):
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.rand(2, 3, 40, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    rows = torch.tensor([0, 1, 20, 39])
+    kw = dict(causal=causal, exclusive=exclusive, normalize=normalize)
+    full = ops.linear_weights(q, k, **kw)
+    torch.testing.assert_close(ops.linear_weights(q, k, rows=rows, **kw), full[:, :, rows], rtol=0, atol=1e-15)

@@ -73,3 +73,27 @@ def test_the_measurement_sees_per_position_states(monkeypatch):
     monkeypatch.setattr(scan_module, "SEGMENT", 1 << 20)
     _, per_token, _ = growth("linear", "recurrent")
     assert per_token >= DK * DV * ITEM
+
+
+def row_weights(family, t, rows):
+    """Peak bytes of the effective weights of `rows` at length t (float32, no gradients)."""
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.rand(1, 2, t, DK, generator=g), torch.rand(1, 2, t, DK, generator=g)
+    ld = -torch.rand((1, 2, t) if family != "per_dim" else (1, 2, t, DK), generator=g) * 0.1
+    make = {"softmax": lambda: ops.softmax_weights(q, k, rows=rows),
+            "linear": lambda: ops.linear_weights(q, k, rows=rows),
+            "scalar": lambda: ops.decay_weights(q, k, ld[..., 0] if ld.dim() == 4 else ld, rows=rows),
+            "per_dim": lambda: ops.decay_weights(q, k, ld, rows=rows)}[family]
+    with LiveMemory([q, k, ld], exact=True) as mem:
+        w = make()
+    assert w.shape == (1, 2, rows.numel(), t)
+    return mem.peak
+
+
+@pytest.mark.parametrize("family", ("softmax", "linear", "scalar", "per_dim"))
+def test_weights_of_selected_rows_take_memory_linear_in_t(family):
+    rows = torch.tensor([5, 100, 200, 255])
+    small = row_weights(family, 1024, rows)
+    big = row_weights(family, 4096, rows)
+    assert big / small < 4.5, f"peak grew {big / small:.2f}x when T quadrupled"  # (T, T) would be 16x
+    assert big < 40 * rows.numel() * 4096 * ITEM * 2 * max(1, DK if family == "per_dim" else 1)

@@ -130,3 +130,13 @@ def test_bad_window_raises():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="window must be a positive int"):
             ops.window_attention(q, k, v, bad)
+@pytest.mark.parametrize("causal", (True, False))
+def test_weights_of_selected_rows_are_those_rows_of_the_matrix(causal):
+    g = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    rows = torch.tensor([0, 7, 39, 7])
+    full = ops.softmax_weights(q, k, causal=causal)
+    part = ops.softmax_weights(q, k, causal=causal, rows=rows)
+    torch.testing.assert_close(part, full[:, :, rows], rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match=r"rows must be positions in \[0, 40\)"):
+        ops.softmax_weights(q, k, rows=torch.tensor([40]))

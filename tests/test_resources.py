@@ -101,11 +101,13 @@ def test_evaluation_streams_in_smaller_pieces_when_a_whole_chunk_does_not_fit(tm
             "trainer.eval_examples=64", "task.test_seq_len=2048", "task.vocab_size=4096", f"out_dir={tmp_path}"]
     cfg = compose_config(over)
     shape = memory.run_shape(cfg)
-    whole = memory.eval_bytes(shape.facts, shape.eval_lens, 64, 64)
-    pieces = memory.eval_bytes(shape.facts, shape.eval_lens, 8, 64)
+    T = max(shape.eval_lens)
+    whole = memory.eval_bytes(shape.facts, shape.eval_lens, 64 * T, 64)  # all 64 examples in one pass
+    pieces = memory.eval_bytes(shape.facts, shape.eval_lens, 8 * T, 64)
     assert memory.train_bytes(shape.facts, shape.batch, shape.train_len, shape.data_chunk) < pieces < whole
     monkeypatch.setenv(LIMIT_ENV, str(int((pieces + whole) / 2)) + "B")
-    assert memory.check_training(cfg) in (8, 16, 32)
+    cfg = compose_config([*over, f"trainer.eval_tokens={64 * T}"])
+    assert memory.check_training(cfg) // T in (8, 16, 32)
     run_job(cfg)
     out = capsys.readouterr().out
     assert "[harness] evaluation in pieces of" in out
@@ -217,7 +219,7 @@ def test_every_paper_configuration_fits_the_reference_machine(monkeypatch):
                                   f"model={model}", "trainer.device=cpu"])
             check_resources(cfg)
             if cfg.mode == "train":
-                chunk = memory.check_training(cfg)
-                if chunk < memory.EVAL_CHUNK:
-                    streamed[f"{name}/{model}"] = chunk
+                tokens = memory.check_training(cfg)
+                if tokens < cfg.trainer.eval_tokens:
+                    streamed[f"{name}/{model}"] = tokens
     assert "capacity/softmax" in streamed  # N up to 2048 in a 8192-token vocabulary: in pieces

@@ -133,7 +133,7 @@ def test_resume_option_continues_a_run_in_its_directory(tmp_path, monkeypatch):
     whole = run(tmp_path / "whole")
     stop = train_module.evaluate
 
-    def evaluate_then_die(model, eval_sets, autocast, chunk=256):  # "killed" at the first eval
+    def evaluate_then_die(model, eval_sets, autocast, **kwargs):  # "killed" at the first eval
         raise KeyboardInterrupt
 
     monkeypatch.setattr(train_module, "evaluate", evaluate_then_die)

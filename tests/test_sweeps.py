@@ -67,7 +67,7 @@ def test_wandb_sweep_file_validates_and_every_command_composes(path):
 
 def test_every_figure_has_a_wandb_sweep_file():
     names = {p.stem for p in wandb_sweeps.sweep_files()}
-    assert {"capacity", "snr", "mqar", "induction", "sharpness"} <= names
+    assert {"capacity", "snr", "mqar", "induction", "sharpness", "length", "needle", "frontier", "forgetting"} <= names
 
 
 def test_wandb_validation_catches_broken_files():
@@ -91,7 +91,8 @@ def test_experiment_files_compose():
 
     root = CONF_DIR / "experiment"
     names = sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
-    for figure in ("capacity", "snr", "mqar", "induction", "sharpness", "cost"):
+    for figure in ("capacity", "snr", "mqar", "induction", "sharpness", "cost", "length", "needle", "frontier",
+                   "forgetting"):
         assert figure in names and f"paper/{figure}" in names
     for name in names:
         own = yaml.safe_load((root / f"{name}.yaml").read_text()).get("hydra", {})

@@ -8,8 +8,9 @@ import torch
 from omegaconf import OmegaConf
 
 from harness.tasks import TASKS, get_task
-from harness.tasks import induction, interference, recall
-from harness.tasks.base import IGNORE, NO_SLICE, PAD, balanced_choice, make_generator, power_law_offsets
+from harness.tasks import forgetting, induction, interference, needle, recall
+from harness.tasks.base import (IGNORE, NO_SLICE, PAD, balanced_choice, label_positions, make_generator,
+                                power_law_offsets, sample_excluding)
 
 
 def _check_common(batch, slice_name: str) -> None:
@@ -38,9 +39,10 @@ def _check_common(batch, slice_name: str) -> None:
 # registry
 
 def test_get_task_names_and_unknown():
-    assert sorted(TASKS) == ["induction", "interference", "recall"]
+    assert sorted(TASKS) == ["forgetting", "induction", "interference", "needle", "recall"]
     assert get_task("recall") is recall and get_task("induction") is induction
-    with pytest.raises(ValueError, match=r"^unknown task 'x'; valid: induction, interference, recall, or a module path"):
+    with pytest.raises(ValueError, match=r"^unknown task 'x'; valid: forgetting, induction, interference, needle, "
+                                         r"recall, or a module path"):
         get_task("x")
 
 
@@ -170,12 +172,15 @@ def test_recall_power_law_queries():
 
 
 def test_recall_eval_settings_and_max_len():
-    cfg = recall.Config(test_seq_len=128, test_num_pairs=[4, 16, 32], vocab_size=256)
+    cfg = recall.Config(test_seq_len=[128], test_num_pairs=[4, 16, 32], vocab_size=256)
     recall.validate(cfg)
     settings = recall.eval_settings(cfg)
     assert [(s.seq_len, s.num_pairs) for s in settings] == [(128, 4), (128, 16), (128, 32)]
-    assert all(s.test_num_pairs == [] and s.test_seq_len is None for s in settings)
+    assert all(s.test_num_pairs == [] and s.test_seq_len == [] for s in settings)
     assert recall.max_seq_len(cfg) == 128
+    grid = recall.eval_settings(recall.Config(test_seq_len=[64, 1024], test_num_pairs=[2, 8]))
+    assert [(s.seq_len, s.num_pairs) for s in grid] == [(64, 2), (64, 8), (1024, 2), (1024, 8)]
+    assert recall.max_seq_len(recall.Config(test_seq_len=[32, 1024])) == 1024
     batch = recall.make_batch(settings[2], 4, seed=0, split="test")
     _check_common(batch, "num_pairs")
     assert batch.inputs.shape == (4, 128) and (batch.slice_value[batch.label_mask] == 32).all()
@@ -194,7 +199,11 @@ def test_recall_eval_settings_and_max_len():
     (dict(power_a=0.0), r"power_a must be in \(0, 8.0\]"),
     (dict(power_a=float("inf")), r"power_a must be a finite number"),
     (dict(test_num_pairs=[4, 40]), r"test num_pairs=40 distinct|2\*num_pairs \+ num_queries = 120 exceeds test seq_len=64"),
-    (dict(test_seq_len=8), r"num_queries = 12 exceeds test seq_len=8"),
+    (dict(test_seq_len=[64, 8]), r"num_queries = 12 exceeds test seq_len=8"),
+    (dict(test_seq_len=[0]), r"test_seq_len entry must be >= 1"),
+    (dict(test_seq_len=64), r"test_seq_len must be a list of lengths"),
+    (dict(filler="noise"), r"unknown filler 'noise'; valid: zero, random"),
+    (dict(filler="random", filler_rate=1.5), r"filler_rate must be in \[0, 1\], got 1.5"),
     (dict(num_pairs=2.5), r"num_pairs must be an integer"),
 ])
 def test_recall_validation(kwargs, message):
@@ -267,6 +276,7 @@ def _interference_checks(cfg, batch):
     n, length, v = cfg.num_pairs, cfg.key_len, cfg.vocab_size
     q = interference.num_queries(cfg)
     start = n * (length + 1)
+    first_query = batch.inputs.shape[1] - q * length  # the queries close the sequence
     pairs = batch.inputs[:, :start].view(-1, n, length + 1)
     keys, values = pairs[..., :length], pairs[..., length]           # (B, N, L), (B, N)
     assert ((keys >= 1) & (keys < v // 2)).all() and ((values >= v // 2) & (values < v)).all()
@@ -275,11 +285,11 @@ def _interference_checks(cfg, batch):
     # labels exactly at the last token of each query
     lab = batch.label_mask
     expect = torch.zeros_like(lab)
-    expect[:, start + torch.arange(q) * length + length - 1] = True
+    expect[:, first_query + torch.arange(q) * length + length - 1] = True
     assert torch.equal(lab, expect)
     assert (batch.slice_value[lab] == n).all()
     # each query's tokens are the key stored just before target_pos, and its label that value
-    asked = batch.inputs[:, start:start + q * length].view(-1, q, length)
+    asked = batch.inputs[:, first_query:].view(-1, q, length)
     match = (asked.unsqueeze(2) == keys.unsqueeze(1)).all(-1)         # (B, Q, N)
     assert (match.sum(-1) == 1).all()
     idx = match.float().argmax(-1)
@@ -323,7 +333,9 @@ def test_interference_queries_seq_len_and_sweep():
     batch = interference.make_batch(cfg, 8, seed=0)
     _interference_checks(cfg, batch)
     used = 8 * 4 + 20 * 3
-    assert batch.inputs.shape[1] == 120 and (batch.inputs[:, used:] == PAD).all()
+    # the filler sits between the pairs and the queries: the queries close the sequence
+    assert batch.inputs.shape[1] == 120 and (batch.inputs[:, 8 * 4:120 - 20 * 3] == PAD).all()
+    assert (batch.inputs[:, 120 - 20 * 3:] != PAD).all()
     # 20 queries of 8 keys: each key asked 2 or 3 times
     targets = batch.target_pos[batch.label_mask].view(-1, 20)
     counts = torch.stack([(targets == i * 4 + 3).sum(1) for i in range(8)], 1)
@@ -357,4 +369,194 @@ def test_interference_queries_seq_len_and_sweep():
 def test_interference_validation(kwargs, message):
     with pytest.raises(ValueError, match=message) as err:
         interference.validate(interference.Config(**kwargs))
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# every task: a length axis
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_task_evaluates_at_a_list_of_lengths(name):
+    module = get_task(name)
+    base = module.Config()
+    short = base.seq_len or interference.seq_len(base)
+    cfg = dataclasses.replace(base, test_seq_len=[short, 4 * short])
+    module.validate(cfg)
+    settings = module.eval_settings(cfg)
+    made = sorted({module.make_batch(s, 2, seed=0, split="test").inputs.shape[1] for s in settings})
+    assert made == [short, 4 * short] and module.max_seq_len(cfg) == 4 * short
+    long = next(s for s in settings if s.seq_len == 4 * short)
+    _check_common(module.make_batch(long, 4, seed=0, split="test"), module.SLICE_NAME)
+    with pytest.raises(ValueError, match="test_seq_len must be a list"):
+        module.validate(dataclasses.replace(base, test_seq_len=128))
+
+
+def test_label_positions_gather_every_label_in_order():
+    targets = torch.full((3, 8), IGNORE)
+    targets[0, [2, 5]] = torch.tensor([7, 9])
+    targets[1, [0, 3, 7]] = torch.tensor([1, 2, 3])
+    positions, gathered = label_positions(targets)
+    assert positions.shape == (3, 3)
+    assert positions[0, :2].tolist() == [2, 5] and positions[1].tolist() == [0, 3, 7]
+    assert gathered[0].tolist() == [7, 9, IGNORE] and gathered[1].tolist() == [1, 2, 3]
+    assert (gathered[2] == IGNORE).all()  # a row without labels carries no loss
+    assert torch.equal(targets.gather(1, positions), gathered)
+
+
+def test_sample_excluding_never_draws_an_excluded_token_and_covers_the_rest():
+    g = make_generator(0, "train", "cpu")
+    excluded = torch.tensor([[2, 5, 6], [9, 1, 4]])
+    draws = sample_excluding(g, (2, 4000), 1, 10, excluded)
+    for row, ex in zip(draws.tolist(), excluded.tolist()):
+        assert set(row) == set(range(1, 10)) - set(ex)    # every allowed token, nothing else
+    counts = torch.bincount(draws[0], minlength=10)[[1, 3, 4, 7, 8, 9]].double()
+    assert counts.min() > 0.8 * counts.mean()              # uniform over the allowed tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# recall with distractors (filler=random)
+
+def test_recall_random_filler_keeps_pairs_queries_and_labels_of_the_zero_layout():
+    zero = recall.Config(seq_len=96, vocab_size=32, num_pairs=6)
+    rand = dataclasses.replace(zero, filler="random")
+    a, b = recall.make_batch(zero, 64, seed=5), recall.make_batch(rand, 64, seed=5)
+    _check_common(b, "num_pairs")
+    for field in ("targets", "slice_value", "target_pos"):
+        assert torch.equal(getattr(a, field), getattr(b, field)), field
+    fill = (a.inputs == PAD)                                # every filler position of the zero layout
+    assert torch.equal(b.inputs[~fill], a.inputs[~fill])
+    assert (b.inputs[fill] != PAD).all()                    # filler_rate = 1: every one is random
+    n = zero.num_pairs
+    stored = torch.cat([a.inputs[:, :2 * n]], dim=1)        # keys and values of each example
+    hit = (b.inputs.unsqueeze(-1) == stored.unsqueeze(1)).any(-1) & fill
+    assert not hit.any(), "a stored key or value never appears as a distractor"
+    # the distractors use both halves of the vocabulary: unstored keys and values appear
+    tokens = b.inputs[fill]
+    assert (tokens < 16).any() and (tokens >= 16).any()
+
+
+def test_recall_filler_rate_sets_the_share_of_random_filler():
+    cfg = recall.Config(seq_len=256, vocab_size=64, num_pairs=4, filler="random", filler_rate=0.25)
+    batch = recall.make_batch(cfg, 64, seed=1)
+    _check_common(batch, "num_pairs")
+    after = batch.inputs[:, 8:][~batch.label_mask[:, 8:]]
+    assert abs((after != PAD).double().mean().item() - 0.25) < 0.02
+    none = recall.make_batch(dataclasses.replace(cfg, filler_rate=0.0), 8, seed=1)
+    assert torch.equal(none.inputs, recall.make_batch(dataclasses.replace(cfg, filler="zero"), 8, seed=1).inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# forgetting
+
+def test_forgetting_hand_worked_example():
+    """The docstring's example: writes (3, 9), (5, 12), (3, 14); queries of 5 and 3."""
+    write_keys = torch.tensor([[3, 5, 3]])
+    asked = torch.tensor([[5, 3]])
+    last = forgetting.latest_write(write_keys, asked)
+    assert last.tolist() == [[1, 2]]
+    values = torch.tensor([[9, 12, 14]])
+    assert values.gather(1, last).tolist() == [[12, 14]]              # the latest value
+    assert (2 * last + 1).tolist() == [[3, 5]]                        # target_pos
+    ages = torch.tensor([6, 8]) - (2 * last[0] + 1)
+    assert ages.tolist() == [3, 3] and forgetting.age_bin(ages).tolist() == [2, 2]
+    assert forgetting.age_bin(torch.tensor([1, 2, 3, 4, 7, 8, 1000])).tolist() == [1, 2, 2, 4, 4, 8, 512]
+
+
+def test_forgetting_labels_are_the_latest_write_before_each_query():
+    cfg = forgetting.Config(seq_len=48, vocab_size=32, num_pairs=6, num_overwrites=3, num_queries=10)
+    batch = forgetting.make_batch(cfg, 32, seed=2)
+    _check_common(batch, "overwritten")
+    w = forgetting.num_writes(cfg)
+    keys, values = batch.inputs[:, 0:2 * w:2], batch.inputs[:, 1:2 * w:2]
+    assert all(len(set(r)) == w for r in values.tolist()), "every write has its own value"
+    assert all(len(set(r)) == cfg.num_pairs for r in keys.tolist()), "N keys, M of them twice"
+    age = dict(batch.other_slices)["age"]
+    for b in range(batch.inputs.shape[0]):   # the slow oracle: scan the context for the last write
+        for t in batch.label_mask[b].nonzero().squeeze(-1).tolist():
+            key = int(batch.inputs[b, t])
+            writes = [2 * i for i in range(w) if int(keys[b, i]) == key]
+            assert int(batch.targets[b, t]) == int(batch.inputs[b, writes[-1] + 1])
+            assert int(batch.target_pos[b, t]) == writes[-1] + 1
+            assert int(batch.slice_value[b, t]) == int(len(writes) == 2)
+            a = t - (writes[-1] + 1)
+            assert int(age[b, t]) <= a < 2 * int(age[b, t])
+    assert (age[~batch.label_mask] == NO_SLICE).all()
+    over = batch.slice_value[batch.label_mask]
+    assert 0.1 < over.double().mean() < 0.9   # both kinds of key are asked
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_overwrites=5), r"num_overwrites=5 exceeds num_pairs=4"),
+    (dict(num_pairs=20, num_overwrites=20), r"2\*\(num_pairs \+ num_overwrites\) \+ num_queries = 100 exceeds seq_len=64"),
+    (dict(vocab_size=16, num_pairs=6, num_overwrites=3), r"num_pairs \+ num_overwrites = 9 distinct values do not fit"),
+    (dict(test_seq_len=[64, 10]), r"exceeds test seq_len=10"),
+    (dict(num_overwrites=-1), r"num_overwrites must be >= 0"),
+])
+def test_forgetting_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        forgetting.validate(forgetting.Config(**kwargs))
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# needle in a haystack
+
+def test_needle_hand_worked_example_position():
+    """The docstring's example: seq_len 10, one needle at depth 0.5 -> slot 2, positions 4 and 5."""
+    assert needle.needle_slot(0.5, 4, 1) == 2
+    cfg = needle.Config(seq_len=10, vocab_size=16, depth=0.5)
+    batch = needle.make_batch(cfg, 8, seed=0)
+    _check_common(batch, "depth")
+    assert batch.label_mask[:, 9].all() and batch.label_mask.sum() == 8
+    assert (batch.target_pos[:, 9] == 5).all() and torch.equal(batch.inputs[:, 4], batch.inputs[:, 9])
+    assert (batch.slice_value[:, 9] == 50).all() and (batch.inputs[:, 8] == PAD).all()  # odd context: one filler
+
+
+@pytest.mark.parametrize("haystack", needle.HAYSTACKS)
+def test_needle_labels_are_unambiguous_in_every_haystack(haystack):
+    cfg = needle.Config(seq_len=200, vocab_size=32, num_needles=3, haystack=haystack, depth=0.25)
+    batch = needle.make_batch(cfg, 32, seed=3)
+    _check_common(batch, "depth")
+    t, k = cfg.seq_len, cfg.num_needles
+    asked = batch.inputs[:, t - k:]
+    context = batch.inputs[:, :t - k]
+    # each needle key once in the context, its value once (at target_pos)
+    assert ((context.unsqueeze(-1) == asked.unsqueeze(1)).sum(1) == 1).all()
+    answers = batch.targets[:, t - k:]
+    assert ((context.unsqueeze(-1) == answers.unsqueeze(1)).sum(1) == 1).all()
+    slots = (t - k) // 2
+    first = needle.needle_slot(0.25, slots, k)
+    assert sorted(set((batch.target_pos[:, t - k:] - 1).div(2).flatten().tolist())) == list(range(first, first + k))
+    if haystack == "pairs":  # distractor keys recur, in the key half; values in the value half
+        keys = context[:, 0:2 * slots:2]
+        assert (keys < 16).all() and (context[:, 1:2 * slots:2] >= 16).all()
+        assert max(torch.bincount(r).max().item() for r in keys) > 1
+    elif haystack == "zero":
+        assert (context != PAD).sum(1).eq(2 * k).all()
+
+
+def test_needle_depth_grid_and_drawn_depths():
+    cfg = needle.Config(seq_len=64, test_depth=[0.0, 0.5, 1.0], test_seq_len=[64, 256])
+    needle.validate(cfg)
+    settings = needle.eval_settings(cfg)
+    assert [(s.seq_len, s.depth) for s in settings] == [(64, 0.0), (64, 0.5), (64, 1.0),
+                                                        (256, 0.0), (256, 0.5), (256, 1.0)]
+    deep = needle.make_batch(settings[-1], 2, seed=0, split="test")
+    assert (deep.target_pos[:, -1] == 2 * ((256 - 1) // 2 - 1) + 1).all()   # the last context slot
+    drawn = needle.make_batch(needle.Config(seq_len=128), 512, seed=0)
+    depths = drawn.slice_value[drawn.label_mask]
+    assert set(depths.tolist()) == set(range(0, 101, 10))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(depth=1.5), r"depth=1.5 must be in \[0, 1\].*a needle cannot lie deeper"),
+    (dict(test_depth=[0.5, -0.1]), r"test_depth entry=-0.1 must be in \[0, 1\]"),
+    (dict(num_needles=50, seq_len=128), r"needs 3\*num_needles = 150 positions"),
+    (dict(test_seq_len=[128, 2]), r"test seq_len=2"),
+    (dict(haystack="hay"), r"unknown haystack 'hay'; valid: pairs, random, zero"),
+    (dict(vocab_size=8, num_needles=3), r"num_needles=3 distinct keys and a distractor key do not fit"),
+])
+def test_needle_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        needle.validate(needle.Config(**kwargs))
     assert "\n" not in str(err.value)

@@ -251,3 +251,72 @@ def test_delta_rule_recalls_orthonormal_keys_exactly_up_to_d():
         _, S = ops.delta_attention(keys[None, None], keys[None, None], v[None, None], beta, return_state=True)
         err = (keys @ S[0, 0] - v).abs().max()
         assert (err < 1e-12) if n <= d else (err > 0.1), (n, float(err))
+# Recall against length (N fixed, T growing).
+
+
+def _brute_n_eff(seq_len, n, s, t_pair, log_decay, rate, q):
+    """N_eff of one read, summed write by write over the layout that length_reads describes."""
+    space = seq_len - 2 * n
+    density = (np.arange(space) + 1.0) ** (0.01 - 1.0)
+    density *= q / density.sum()
+    t = 2 * t_pair + 1
+    total = sum(math.exp(2 * log_decay * (t - (2 * j + 1))) for j in range(n) if j != t_pair)
+    for off in range(int(s)):  # every position after the pairs that precedes the read
+        w = 2 * n + off
+        total += (rate + density[off]) * math.exp(2 * log_decay * (t - w))
+    return total
+
+
+@pytest.mark.parametrize("log_decay, rate", [(0.0, 0.0), (0.0, 1.0), (math.log(1 - 2**-5), 0.0), (-0.1, 0.5)])
+def test_length_reads_count_every_earlier_write_weighted_by_its_survival(log_decay, rate, monkeypatch):
+    exact_gaps = (np.array([0.0, 3.0, 17.0, 40.0]), np.full(4, 0.25))
+    monkeypatch.setattr(theory, "_gap_bins", lambda space, power_a: exact_gaps)
+    n_eff, prob = theory.length_reads(64, 4, log_decay=log_decay, distractor_rate=rate)
+    assert prob.sum() == pytest.approx(1.0) and n_eff.shape == (16,)
+    for g, s in enumerate(exact_gaps[0]):
+        for t in range(4):
+            assert n_eff[4 * g + t] == pytest.approx(_brute_n_eff(64, 4, s, t, log_decay, rate, 4), rel=1e-9)
+
+
+def test_gap_bins_carry_the_power_law():
+    s, p = theory._gap_bins(1000, 0.01)
+    assert p.sum() == pytest.approx(1.0) and np.all(np.diff(s) > 0)
+    law = (np.arange(1000) + 1.0) ** -0.99
+    assert (p * s).sum() == pytest.approx((law * np.arange(1000)).sum() / law.sum(), rel=1e-9)  # the mean gap
+
+
+def test_length_curves_fall_only_where_writes_accumulate_or_fade():
+    lengths = [64, 512, 4096]
+    flat = theory.predicted_length_accuracy(lengths, 4, 64, 64, 128)
+    assert np.all(np.abs(np.diff(flat)) < 0.01)   # additive state, zero filler: T costs nothing
+    noisy = theory.predicted_length_accuracy(lengths, 4, 64, 64, 128, distractor_rate=1.0)
+    decayed = theory.predicted_length_accuracy(lengths, 4, 64, 64, 128, log_decay=math.log(1 - 2**-5))
+    for curve in (noisy, decayed):
+        assert np.all(np.diff(curve) < 0) and curve[-1] > 1 / 128
+    assert theory.predicted_length_accuracy([64], 4, 64, 64, 128, log_decay=-50.0)[0] < 0.3  # all forgotten
+
+
+def test_length_curve_matches_a_simulated_additive_state_with_distractors():
+    """Random keys on the sphere, a codebook of C random values, S = sum_w k_w v_w^T over the pairs,
+    a random-key distractor at every position after them and the earlier queries; top-1 read-out."""
+    d, c, n, seq_len, trials = 32, 64, 4, 160, 300
+    rng = np.random.default_rng(0)
+    codebook = rng.standard_normal((c, d))
+    codebook /= np.linalg.norm(codebook, axis=1, keepdims=True)
+    hits = []
+    for _ in range(trials):
+        keys = rng.standard_normal((n, d))
+        values = rng.choice(c, n, replace=False)
+        # one query at a power-law gap (as the task draws it), the other queries' writes before it
+        s = rng.choice(seq_len - 2 * n, p=(np.arange(seq_len - 2 * n) + 1.0) ** -0.99
+                       / ((np.arange(seq_len - 2 * n) + 1.0) ** -0.99).sum())
+        others = rng.choice(seq_len - 2 * n, n - 1, replace=False, p=None)
+        writes = [(keys[j], codebook[values[j]]) for j in range(n)]
+        writes += [(rng.standard_normal(d), codebook[rng.integers(c)]) for _ in range(int(s))]  # distractors
+        writes += [(keys[rng.integers(n)], codebook[rng.integers(c)]) for o in others if o < s]  # query writes
+        state = sum(np.outer(k, v) for k, v in writes)
+        t = rng.integers(n)
+        hits.append(np.argmax(codebook @ (keys[t] @ state)) == values[t])
+    measured = float(np.mean(hits))
+    predicted = theory.predicted_length_accuracy([seq_len], n, d, d, c, distractor_rate=1.0)[0]
+    assert predicted == pytest.approx(measured, abs=0.08), (predicted, measured)

@@ -38,7 +38,7 @@ def test_task_model_pair_runs(tmp_path, task, model):
 
 def test_recall_accuracy_is_sliced_per_num_pairs(tmp_path):
     res = run(tmp_path, "task=recall", "model=softmax", "task.test_num_pairs=[2,4,8]",
-              "task.test_seq_len=64")
+              "task.test_seq_len=[64]")
     values = sorted({r["value"] for r in res["slices"] if r["slice"] == "num_pairs"})
     assert values == [2, 4, 8]
 
@@ -98,3 +98,52 @@ def test_threads_option_sets_torch_threads_and_rejects_zero(tmp_path):
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="trainer.threads must be a positive integer or null, got 0"):
         run(tmp_path / "b", "trainer.threads=0")
+
+
+@pytest.mark.parametrize("task", ["forgetting", "needle"])
+@pytest.mark.parametrize("model", ["softmax", "mamba"])
+def test_new_tasks_train_end_to_end(tmp_path, task, model):
+    res = run(tmp_path, f"task={task}", f"model={model}")
+    assert res["status"] == "ok" and res["heads"]
+    slices = {r["slice"] for r in res["slices"]}
+    assert slices == ({"overwritten", "age"} if task == "forgetting" else {"depth"})
+
+
+def test_accuracy_and_memory_per_length_the_long_sets_at_the_end(tmp_path):
+    """Lengths past the training length: evaluated once, at the end, each with its peak memory;
+    the periodic evaluations (metrics.jsonl) watch the training length only."""
+    res = run(tmp_path, "task=recall", "model=elu", "task.test_seq_len=[64,256,1024]",
+              "task.test_num_pairs=[2,4]", "trainer.eval_every=3")
+    settings = {(s["seq_len"], s["name"]) for s in res["settings"]}
+    assert settings == {(t, f"seq_len={t},num_pairs={n}") for t in (64, 256, 1024) for n in (2, 4)}
+    for s in res["settings"]:
+        assert s["peak_mem_bytes"] > 0 and s["form"] == "chunk"
+        assert s["examples_per_pass"] == min(16, 16384 // s["seq_len"])  # trainer=debug: 16 examples
+    assert {(r["value"], r["seq_len"]) for r in res["slices"]} == {(n, t) for n in (2, 4) for t in (64, 256, 1024)}
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows and all(set(k for k in r if k.startswith("accuracy/")) ==
+                        {"accuracy/seq_len=64,num_pairs=2", "accuracy/seq_len=64,num_pairs=4"} for r in rows)
+    assert {h["seq_len"] for h in res["heads"]} == {64, 256, 1024}
+    assert res["summary"]["eval_peak_mem_bytes"] == max(s["peak_mem_bytes"] for s in res["settings"])
+
+
+def test_evaluation_streamed_in_passes_is_one_pass_and_runs_the_chunk_form():
+    from harness.config.build import build_model, task_config
+    from harness.train.loop import autocast_factory, evaluate, make_eval_sets
+
+    cfg = compose_config(["trainer=debug", "logger=none", "model=retnet", "model.form=parallel",
+                          "task.test_seq_len=[64,128]"])
+    module, tcfg = task_config(cfg.task)
+    sets = make_eval_sets(module, tcfg, cfg.trainer, 0, torch.device("cpu"))
+    model = build_model(cfg)
+    forms = []
+    mixer = model.mixers()[0]
+    inner = mixer.forward
+    mixer.forward = lambda x: (forms.append(mixer.form), inner(x))[1]
+    autocast = autocast_factory(torch.device("cpu"), "fp32")
+    whole = evaluate(model, sets, autocast, tokens=1 << 20)
+    streamed = evaluate(model, sets, autocast, tokens=1)  # one example per pass
+    assert set(forms) == {"chunk"} and model.cfg.form == "parallel" and mixer.form == "parallel"
+    for a, b in zip(whole["settings"], streamed["settings"]):
+        assert a["accuracy"] == b["accuracy"] and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert whole["slices"] == streamed["slices"]

@@ -39,3 +39,16 @@ def state_sizes(d_k: int, d_v: int, n) -> dict:
 def favor_features(d: int) -> int:
     """FAVOR+ default feature count m (about d ln d)."""
     return int(features.feature_dim("favor", d))
+
+
+def length_accuracy_curve(lengths, *, num_pairs: int, d_key: float, value_dim: int, candidates: int,
+                          log_decay: float = 0.0, distractor_rate: float = 0.0,
+                          num_queries: int | None = None, power_a: float = 0.01) -> np.ndarray:
+    """Predicted recall accuracy of the recall task against length, N fixed
+    (theory.predicted_length_accuracy): an additive state of key dimension d_key, writes
+    weighted by a constant per-step decay, distractor writes counted as crosstalk pairs."""
+    acc = theory.predicted_length_accuracy(
+        np.asarray(lengths), int(num_pairs), float(d_key), int(value_dim), int(candidates),
+        log_decay=float(log_decay), distractor_rate=float(distractor_rate),
+        num_queries=None if num_queries is None else int(num_queries), power_a=float(power_a))
+    return np.asarray(acc, dtype=float)

@@ -75,12 +75,14 @@ def time_bare_loop(cfg, steps: int, warmup: int = 3) -> float:
     """Steps per second of forward + backward + optimizer alone on cfg's model and batch size."""
     from harness.config.build import build_model, task_config
     from harness.devices import select_device
+    from harness.tasks import label_positions
     from harness.train.loop import autocast_factory, build_optimizer, lm_loss
 
     tr = cfg.trainer
     device = select_device(tr.device)
     module, tcfg = task_config(cfg.task)
     batch = module.make_batch(tcfg, tr.batch_size, seed=0, device=device, split="train")
+    positions, targets = label_positions(batch.targets)  # the head at the labels, as train() does
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(device)
     step_model = torch.compile(model) if tr.compile else model
@@ -89,7 +91,7 @@ def time_bare_loop(cfg, steps: int, warmup: int = 3) -> float:
 
     def step() -> None:
         with autocast():
-            loss = lm_loss(step_model(batch.inputs), batch.targets)
+            loss = lm_loss(step_model(batch.inputs, positions), targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if tr.grad_clip > 0:

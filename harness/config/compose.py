@@ -44,6 +44,9 @@ def _one_line_compose_error(exc: BaseException, overrides: list[str]) -> str:
         key = bad.group(1)
         if "not in" in detail or "Key '" in detail and "not in" in text:
             return f"unknown key '{key}'; valid keys here: {', '.join(_sibling_keys(key, overrides))}"
+        if "is not a ListConfig" in detail:  # a scalar where the schema has a list
+            given = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == key), "?")
+            return f"bad value for '{key}': must be a list in brackets, e.g. {key}=[{given}], got {given}"
         return f"bad value for '{key}': {_readable_type_error(detail) or text.splitlines()[0]}"
     if "not in" in text and "Key '" in text:
         key = re.search(r"full_key: (\S+)", text)

@@ -28,6 +28,7 @@ class TrainerConfig:
     grad_clip: float = 1.0
     eval_every: int = 100
     eval_examples: int = 256           # held-out examples per evaluation setting
+    eval_tokens: int = 16384           # tokens per evaluation forward pass (examples per pass = this // length)
     target_accuracy: Optional[float] = 0.99   # early stop once every setting reaches it
     device: str = "auto"               # auto | cpu | cuda | cuda:N
     threads: Optional[int] = None      # CPU threads of this run; None: torch's default (all cores)

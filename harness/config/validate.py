@@ -48,7 +48,7 @@ def _check_keys(c: dict) -> None:
 
 
 def _check_trainer(tr: dict) -> None:
-    for key in ("max_steps", "batch_size", "eval_every", "eval_examples", "data_chunk",
+    for key in ("max_steps", "batch_size", "eval_every", "eval_examples", "eval_tokens", "data_chunk",
                 "log_every", "measure_examples"):
         checks.integer(f"trainer.{key}", tr[key])
     checks.integer("trainer.warmup_steps", tr["warmup_steps"], minimum=0)
@@ -144,6 +144,22 @@ def resolved(cfg: DictConfig) -> dict:
         raise ValueError(f"bad value for '{key}': {detail}") from None
 
 
+def _check_positions_extrapolate(mcfg: ModelConfig, module, tcfg) -> None:
+    """Learned absolute positions have no embedding past the training length: evaluating
+    longer sequences is refused (rotary, or no positions with the short convolution, extrapolate)."""
+    from harness.model import uses_learned_positions
+    from harness.tasks import train_length
+
+    if not uses_learned_positions(mcfg):
+        return
+    trained, longest = train_length(module, tcfg), module.max_seq_len(tcfg)
+    checks.require(longest <= trained,
+                   f"model={mcfg.name} has learned absolute positions, trained at length {trained}: "
+                   f"they cannot be evaluated at length {longest} (task.test_seq_len); for length "
+                   f"experiments set model.rotary=true model.pos_emb=none, or model.pos_emb=none "
+                   f"(no positions, with the short convolution)")
+
+
 _VALIDATED: set[str] = set()  # configs this process has validated already (by content)
 
 
@@ -177,6 +193,8 @@ def _validate(c: dict, cfg: DictConfig) -> None:
     module.validate(tcfg)
     for setting in module.eval_settings(tcfg):
         module.validate(setting)
+    if c["mode"] == "train":
+        _check_positions_extrapolate(mcfg, module, tcfg)
     if c["mode"] == "cost":
         _check_cost_family(cfg)
     if c["mode"] == "probe":

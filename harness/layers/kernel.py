@@ -20,7 +20,7 @@ from torch import nn
 
 from harness import features, ops
 from harness.layers.parts import merge_heads
-from harness.layers.protocol import Mixer, ProbeMemory, select_rows
+from harness.layers.protocol import Mixer, ProbeMemory
 from harness.layers.registry import register
 
 FAVOR_SEED_STRIDE = 1_000_000  # layer l draws seeds l * stride, l * stride + 1, ... (one per redraw)
@@ -69,8 +69,8 @@ class KernelAttention(Mixer):
         return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=True)
 
     def effective_weights(self, hooks, rows=None) -> torch.Tensor:
-        w = ops.linear_weights(hooks["q"], hooks["k"], causal=True, normalize=True, eps=self.eps)  # (B, H, T, T)
-        return select_rows(w, rows)
+        return ops.linear_weights(hooks["q"], hooks["k"], causal=True, normalize=True, eps=self.eps,
+                                  rows=rows)  # (B, H, R, T)
 
     @classmethod
     def probe_memory(cls, d: int, seed: int) -> ProbeMemory:

@@ -23,7 +23,7 @@ from torch import nn
 from harness import ops
 from harness.hooks import HookPoint
 from harness.layers.parts import HeadNorm, inverse_softplus, merge_heads, split_heads
-from harness.layers.protocol import Mixer, ProbeMemory, identity_map, select_rows
+from harness.layers.protocol import Mixer, ProbeMemory, identity_map
 from harness.layers.registry import register
 
 DT_MIN, DT_MAX = 1e-3, 1e-1
@@ -136,7 +136,7 @@ class GatedDecay(Mixer):
         return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)
 
     def effective_weights(self, hooks, rows=None) -> torch.Tensor:
-        return select_rows(ops.decay_weights(hooks["q"], hooks["k"], hooks["log_decay"]), rows)  # (B, H, R, T)
+        return ops.decay_weights(hooks["q"], hooks["k"], hooks["log_decay"], rows=rows)  # (B, H, R, T)
 
     @classmethod
     def probe_memory(cls, d: int, seed: int) -> ProbeMemory:

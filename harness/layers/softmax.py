@@ -11,7 +11,7 @@ from torch import nn
 
 from harness import ops
 from harness.layers.parts import merge_heads
-from harness.layers.protocol import Mixer, ProbeMemory, select_rows
+from harness.layers.protocol import Mixer, ProbeMemory
 from harness.layers.registry import register
 
 
@@ -41,8 +41,7 @@ class SoftmaxAttention(Mixer):
         return self.n_heads * ops.kv_cache_elements(sequence_length, self.d_qk, self.d_head)
 
     def effective_weights(self, hooks, rows=None) -> torch.Tensor:
-        w = ops.softmax_weights(hooks["q"], hooks["k"], causal=True, scale=self.scale)  # (B, H, T, T)
-        return select_rows(w, rows)
+        return ops.softmax_weights(hooks["q"], hooks["k"], causal=True, scale=self.scale, rows=rows)  # (B, H, R, T)
 
     @classmethod
     def probe_memory(cls, d: int, seed: int) -> ProbeMemory:

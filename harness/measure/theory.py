@@ -455,3 +455,99 @@ def delta_read_energy(d: int, weights):
     older = np.concatenate([np.zeros_like(run[..., :1]), run[..., :-1]], axis=-1)
     earlier = older * (gamma**later_count - s_m) / d
     return lam2 * s_m, later + earlier
+
+
+# --------------------------------------------------------------------------------------------
+# Recall against context length: N fixed, T growing.
+
+
+def _gap_bins(space: int, power_a: float, bins: int = 48) -> tuple[np.ndarray, np.ndarray]:
+    """(offset s, probability) of a query's gap after the pairs, p(s) ∝ (s + 1)^(power_a - 1)
+    over s in [0, space) (the recall task's law), in at most `bins` log-spaced bins, each
+    represented by its probability-weighted mean offset."""
+    edges = np.unique(np.round(np.geomspace(1, space + 1, bins + 1)).astype(np.int64)) - 1  # 0 .. space
+    edges[-1] = space
+    s = np.arange(space, dtype=np.float64)
+    p = (s + 1.0) ** (power_a - 1.0)
+    p /= p.sum()
+    cum, first = np.concatenate([[0.0], np.cumsum(p)]), np.concatenate([[0.0], np.cumsum(p * s)])
+    lo, hi = edges[:-1], edges[1:]
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    mass = cum[hi] - cum[lo]
+    return (first[hi] - first[lo]) / mass, mass
+
+
+def length_reads(seq_len: int, num_pairs: int, *, log_decay: float = 0.0, distractor_rate: float = 0.0,
+                 num_queries: int | None = None, power_a: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
+    """N_eff of the reads of the recall task at one length, and each read's probability.
+
+    The layout is the recall task's (harness.tasks.recall): N pairs at positions 0 .. 2N - 1
+    (pair j's write at 2j + 1), then Q queries at gaps s ~ (s + 1)^(power_a - 1) after them. A
+    read at i = 2N + s of pair t competes with every other write before i, each weighted by
+    its survival relative to the target's, exp(log_decay (t - w)) for a constant per-step
+    decay (older writes fade, newer ones are louder than the target):
+
+        N_eff(i, t) = sum_{w != t, w < i} rate_w exp(2 log_decay (t - w))
+
+    over the writes w: the other N - 1 pairs (rate 1), the distractors (rate = distractor_rate
+    at every position after the pairs: task.filler=random draws a random token there, a write
+    of a random key) and the other queries (each a write too; Q p(w - 2N) at position w). The
+    zero filler is not counted: it writes one and the same pair every time, which a trained
+    state can keep out of every key's way. log_decay = 0 is the additive state (linear, elu,
+    favor, taylor): N_eff then grows with T only through the distractors and the queries.
+
+    Returns (n_eff, probability), flat arrays over (gap bin, target pair); probabilities sum to 1.
+    """
+    n = int(num_pairs)
+    q = n if num_queries is None else int(num_queries)
+    space = int(seq_len) - 2 * n
+    if space < 1:
+        raise ValueError(f"seq_len={seq_len} leaves no room for queries after {n} pairs")
+    gaps, prob = _gap_bins(space, power_a)
+    s_all = np.arange(space, dtype=np.float64)
+    density = (s_all + 1.0) ** (power_a - 1.0)
+    density *= min(q, space) / density.sum()  # expected queries at each offset
+    lam = float(log_decay)
+    targets = 2.0 * np.arange(n) + 1.0  # (N,) write positions of the pairs
+    out = np.empty((gaps.size, n))
+    for g, s in enumerate(gaps):
+        before = s_all < s  # positions after the pairs that come before the read
+        w_after = 2 * n + s_all[before]  # (P,)
+        rate = distractor_rate + density[before]
+        # log of each write's squared weight relative to the target t: 2 lam (t - w)
+        pair_log = 2 * lam * (targets[:, None] - targets[None, :])  # (N, N)
+        np.fill_diagonal(pair_log, -np.inf)
+        after_log = 2 * lam * (targets[:, None] - w_after[None, :]) + np.log(np.maximum(rate, 1e-300))[None, :]
+        both = np.concatenate([pair_log, after_log], axis=1) if w_after.size else pair_log
+        with np.errstate(over="ignore"):
+            out[g] = np.exp(special.logsumexp(both, axis=1))  # (N,); 0 for one pair and nothing after it
+    return out.ravel(), np.repeat(prob / n, n)
+
+
+def predicted_length_accuracy(seq_lens, num_pairs: int, d_key: float, value_dim: int, candidates: int, *,
+                              log_decay: float = 0.0, distractor_rate: float = 0.0,
+                              num_queries: int | None = None, power_a: float = 0.01) -> np.ndarray:
+    """Predicted recall accuracy of the recall task at each length in `seq_lens` (N fixed):
+    the mean over the task's reads (`length_reads`) of the top-1 accuracy at
+    SNR = sqrt(d_key / N_eff) (`predicted_accuracy`, P = N_eff crosstalk pairs per read).
+
+    A read whose target has faded away (N_eff overflowing) scores chance, 1/C. Reads are
+    grouped by N_eff on a log grid (20 a decade), so a curve costs a few integrations."""
+    out = []
+    for t in np.atleast_1d(seq_lens):
+        n_eff, prob = length_reads(int(t), num_pairs, log_decay=log_decay, distractor_rate=distractor_rate,
+                                   num_queries=num_queries, power_a=power_a)
+        finite = np.isfinite(n_eff) & (n_eff < 1e12)
+        acc = np.full(n_eff.shape, 1.0 / candidates)
+        acc[finite & (n_eff <= 0)] = 1.0
+        live = finite & (n_eff > 0)
+        if live.any():
+            grid = np.round(np.log10(n_eff[live]) * 20) / 20
+            for level in np.unique(grid):
+                sel = np.zeros_like(live)
+                sel[np.flatnonzero(live)[grid == level]] = True
+                pairs = 10.0 ** level
+                acc[sel] = predicted_accuracy(math.sqrt(d_key / pairs), candidates, value_dim, max(pairs, 1.0))
+        out.append(float((acc * prob).sum()))
+    return np.asarray(out)

@@ -38,8 +38,9 @@ N_eff = sum_i sum_{j!=t} g_ij^2 / sum_i g_it^2 (theory.aggregate_pairs). For sof
 prediction for a linear state of the same key dimension: the reference that softmax's measured
 SNR is compared against, not a law softmax obeys.
 
-Cost: one forward pass, then per example and layer the (H, R, T) weights of its R query rows
-(`trainer.measure_examples` examples, 64 by default).
+Cost: forward passes of MEASURE_TOKENS tokens at a time (`trainer.measure_examples` examples,
+64 by default), each reduced at once to per-row statistics: per example and layer the
+(H, R, T) weights of its R query rows, never a (T, T) matrix, so memory is O(Q T) at any length.
 """
 
 from __future__ import annotations
@@ -258,26 +259,29 @@ def _field(batch, name: str):
     return batch[name] if isinstance(batch, dict) else getattr(batch, name)
 
 
-def _layer_stats(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tensor, span: int,
-                 with_snr: bool) -> dict:
-    """Per-row statistics of one layer, each (B, H, T) float64 on the CPU (NaN / 0 off the queries).
+STAT_SUMS = ("sig2", "noise2", "other2", "target2")  # summed, not averaged, over rows (ratios of sums)
 
-    hooks: the layer's captured tensors by short name (harness.layers.protocol.mixer_hooks).
-    The read-out split needs hooks["v"] (with_snr); monotonicity needs q_raw and k_raw.
+
+def _layer_rows(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tensor, span: int,
+                with_snr: bool) -> Optional[dict]:
+    """Statistics of one layer at the query rows of a few examples: each (H, R) float64 on the
+    CPU, R the query rows of all the examples in order (NaN / 0 where a statistic is undefined).
+
+    hooks: the layer's captured tensors by short name (harness.layers.protocol.mixer_hooks) for
+    these examples. The read-out split needs hooks["v"] (with_snr); monotonicity needs q_raw and
+    k_raw. Weights are built for the query rows only (effective_weights(hooks, rows)), one
+    example at a time, so the temporaries are O(H R T), never (T, T).
     """
     log_decay, dt = hooks.get("log_decay"), hooks.get("dt")
     q_raw, k_raw = hooks.get("q_raw"), hooks.get("k_raw")
     B, T = query.shape
-    stats = None
-    for b in range(B):  # one example at a time keeps the (H, R, T) temporaries small
+    parts: dict[str, list[torch.Tensor]] = {}
+    for b in range(B):
         pos = query[b].nonzero().squeeze(-1)  # (R,) query positions
         if pos.numel() == 0:
             continue
         a = mixer.effective_weights({k: v[b:b + 1] for k, v in hooks.items()}, rows=pos)[0]  # (H, R, T)
         H, dev = a.shape[0], pos.to(a.device)
-        if stats is None:
-            stats = {m: torch.full((B, H, T), math.nan, dtype=torch.float64) for m in METRICS}
-            stats.update({n: torch.zeros(B, H, T, dtype=torch.float64) for n in ("sig2", "noise2", "other2", "target2")})
         tp = target_pos[b, pos].to(a.device).expand(H, -1)  # (H, R)
         scores = None
         if q_raw is not None and k_raw is not None:
@@ -289,20 +293,26 @@ def _layer_stats(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tens
         g2 = decay_gain_sq(ld, T, per_dim=ld is not None and ld.dim() == 3, positions=dev,
                            write_scale=None if dt is None else dt[b], device=a.device)  # (H, R, T)
         found["other2"], found["target2"] = crosstalk_mass(g2.expand(H, -1, -1), tp, span)
+        if ld is not None:  # the mean log decay per step over the example, per head
+            mean = ld.to(torch.float64).flatten(1).mean(-1)  # (H,)
+            found["log_decay"] = mean[:, None].expand(H, pos.numel())
         for name, value in found.items():
-            stats[name][b][:, pos] = value.cpu()
-    return stats  # None when the batch has no query position
+            parts.setdefault(name, []).append(value.detach().cpu())
+    return {name: torch.cat(values, dim=1) for name, values in parts.items()} if parts else None
 
 
 def _aggregate(stats: dict, h: int, sel: torch.Tensor, d_key: Optional[int], with_snr: bool) -> dict:
-    """Means over the selected query rows of head h; SNRs as ratios of sums (theory.aggregate_pairs)."""
-    out = {m: float(torch.nanmean(stats[m][:, h][sel])) for m in METRICS}
-    total = lambda name: float(stats[name][:, h][sel].sum())  # noqa: E731
+    """Means over the selected query rows (sel: (R,) bool) of head h; SNRs as ratios of sums
+    (theory.aggregate_pairs); the mean log decay per step where the mixer has one."""
+    out = {m: float(torch.nanmean(stats[m][h][sel])) for m in METRICS}
+    total = lambda name: float(stats[name][h][sel].sum())  # noqa: E731
     noise, target = total("noise2"), total("target2")
     if with_snr:
         out["snr_measured"] = math.sqrt(total("sig2") / noise) if noise > 0 else math.inf
     if d_key:
         out["snr_predicted"] = float(predicted_snr(d_key, total("other2") / target)) if target > 0 else 0.0
+    if "log_decay" in stats:
+        out["log_decay"] = float(stats["log_decay"][h][sel].mean())
     return out
 
 
@@ -320,24 +330,27 @@ def _skip_reasons(mixer, hooks: dict) -> dict[str, str]:
     return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok"}
 
 
-MEASURE_CHUNK = 8  # examples per forward pass of measure_model (harness.train.memory counts on it)
+MEASURE_TOKENS = 1 << 14  # tokens per forward pass of the measurement (examples per pass = this // T)
 
 
 @torch.no_grad()
-def measure_model(model, batch, *, max_examples: Optional[int] = None) -> dict:
+def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: int = MEASURE_TOKENS) -> dict:
     """Sharpness and SNR of every layer and head of `model` on a task batch.
 
     batch: a task Batch (inputs, target_pos, slice_value, slice_name; a dict with those keys
     works too). The first `max_examples` examples are used (None: all of them); rows are
     averaged over query positions (target_pos >= 0), one row per (layer, head, slice value).
-    The model runs once, in eval mode, under `capture`, and its mode is restored.
+    The model runs in eval mode under `capture`, streamed over the examples: `tokens` tokens per
+    forward pass (at least one example), each pass's hooks reduced to statistics of its query
+    rows before the next, so memory is O(tokens + Q T) whatever the length T. Its mode is restored.
 
     Returns {"summary": {...}, "heads": [rows as in results.json], "measure": {...}}. The
     summary reports the examples used (measure_examples) and the retrieval head, the (layer,
     head) with the highest mean target weight over all query positions: target_weight,
     entropy, norm_entropy, snr_measured, snr_predicted, retrieval_layer, retrieval_head (NaN /
-    None when the batch has no query positions). "measure" says for each measurement "ok" or
-    why it was skipped (a mixer that declares no effective_weights, no hook_v, no d_key).
+    None when the batch has no query positions), and log_decay (its mean log decay per step)
+    for a decay mixer. "measure" says for each measurement "ok" or why it was skipped (a mixer
+    that declares no effective_weights, no hook_v, no d_key).
     """
     inputs = _field(batch, "inputs")[:max_examples]
     target_pos = _field(batch, "target_pos")[:max_examples].cpu()
@@ -345,45 +358,57 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None) -> dict:
     slice_name = _field(batch, "slice_name")
     query = target_pos >= 0  # (B, T)
     device = next(model.parameters()).device
+    B, T = query.shape
+    group = max(1, tokens // max(1, T))  # examples per forward pass
 
+    mixers = model.mixers()
+    status: dict[str, str] = {}
+    rows: list[dict[str, list]] = [{} for _ in mixers]  # per layer: statistic -> (H, R) parts
+    setup: list[Optional[tuple]] = [None] * len(mixers)  # per layer: (with_snr, d_key), None = skipped
+    span = answer_span(model)
     was_training = model.training
     model.eval()
-    try:  # a few examples per pass: the hook tensors are kept, the logits of each pass are not
-        parts: dict[str, list[torch.Tensor]] = {}
-        for s in range(0, inputs.shape[0], MEASURE_CHUNK):
+    try:
+        for start in range(0, B, group):
+            part = slice(start, start + group)
             with capture(model, names=lambda name: ".mixer.hook_" in name) as cache:
-                model(inputs[s:s + MEASURE_CHUNK].to(device))
-            for name, value in cache.items():
-                parts.setdefault(name, []).append(value)
-        cache = {name: torch.cat(values) for name, values in parts.items()}
+                model(inputs[part].to(device))
+            for layer, mixer in enumerate(mixers):
+                hooks = mixer_hooks(mixer, cache, f"layers.{layer}.mixer.")
+                if start == 0:
+                    reasons = _skip_reasons(mixer, hooks)
+                    for what, why in reasons.items():
+                        status[what] = why if status.get(what, "ok") == "ok" else status[what]
+                    if reasons["sharpness"] == "ok":
+                        setup[layer] = (reasons["snr"] == "ok", getattr(mixer, "d_key", None))
+                if setup[layer] is None:
+                    continue
+                found = _layer_rows(mixer, hooks, target_pos[part], query[part], span, setup[layer][0])
+                for name, value in (found or {}).items():
+                    rows[layer].setdefault(name, []).append(value)
+            del cache
     finally:
         model.train(was_training)
 
-    values = sorted(int(x) for x in torch.unique(slice_value[query]).tolist())
-    heads, best, status = [], None, {}
-    span = answer_span(model)
-    for layer, mixer in enumerate(model.mixers()):
-        hooks = mixer_hooks(mixer, cache, f"layers.{layer}.mixer.")
-        reasons = _skip_reasons(mixer, hooks)
-        for what, why in reasons.items():
-            status[what] = why if status.get(what, "ok") == "ok" else status[what]
-        if reasons["sharpness"] != "ok":
+    row_values = slice_value[query]  # (R,) the slice value of every query row, in row order
+    values = sorted(int(x) for x in torch.unique(row_values).tolist())
+    heads, best = [], None
+    for layer, found in enumerate(rows):
+        if setup[layer] is None or not found:
             continue
-        with_snr = reasons["snr"] == "ok"
-        d_key = getattr(mixer, "d_key", None)
-        stats = _layer_stats(mixer, hooks, target_pos, query, span, with_snr)
-        for h in range(0 if stats is None else stats["entropy"].shape[1]):
+        with_snr, d_key = setup[layer]
+        stats = {name: torch.cat(parts, dim=1) for name, parts in found.items()}  # (H, R)
+        for h in range(stats["entropy"].shape[0]):
             for value in values:
-                agg = _aggregate(stats, h, query & (slice_value == value), d_key, with_snr)
-                heads.append({"layer": layer, "head": h, "slice": slice_name, "value": value, **agg})
-            if query.any():
-                pooled = _aggregate(stats, h, query, d_key, with_snr)
-                if best is None or pooled["target_weight"] > best["target_weight"]:
-                    best = {**pooled, "retrieval_layer": layer, "retrieval_head": h}
+                agg = _aggregate(stats, h, row_values == value, d_key, with_snr)
+                heads.append({"layer": layer, "head": h, "slice": slice_name, "value": value, "seq_len": T, **agg})
+            pooled = _aggregate(stats, h, torch.ones_like(row_values, dtype=torch.bool), d_key, with_snr)
+            if best is None or pooled["target_weight"] > best["target_weight"]:
+                best = {**pooled, "retrieval_layer": layer, "retrieval_head": h}
     keys = ("target_weight", "entropy", "norm_entropy", "snr_measured", "snr_predicted")
-    summary = {"measure_examples": int(inputs.shape[0])}
+    summary = {"measure_examples": int(B)}
     if best is not None:
-        summary.update({k: best[k] for k in (*keys, "retrieval_layer", "retrieval_head") if k in best})
+        summary.update({k: best[k] for k in (*keys, "retrieval_layer", "retrieval_head", "log_decay") if k in best})
     elif status.get("sharpness") == "ok":
         summary.update({**{k: math.nan for k in keys}, "retrieval_layer": None, "retrieval_head": None})
     return {"summary": summary, "heads": heads, "measure": status}

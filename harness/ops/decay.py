@@ -28,10 +28,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .chunking import from_chunks, to_chunks
-from .guards import check_chunk_size, check_form, check_qkv, check_qkv_step
+from .guards import check_chunk_size, check_form, check_qkv, check_qkv_step, query_positions
 from .decay_chunk import decay_chunk
 from .scan import scan
-from .segments import segsum, suffix_sum
+from .segments import segsum, segsum_rows, suffix_sum
 
 GATED_GROUP_ELEMENTS = 1 << 22  # elements of the per-dimension (T, T, Dk) decay tensor built at once
 
@@ -58,30 +58,39 @@ def _gate(log_decay: torch.Tensor) -> torch.Tensor:
 
 # ---- effective weights and the parallel form ------------------------------------------------
 
-def decay_weights(q, k, log_decay):
+def decay_weights(q, k, log_decay, rows=None):
     """Effective weights a_ij = q_i . (prod_{j<s<=i} a_s) k_j for j <= i, 0 above (B, H, T, T).
 
-    o = a v + (contribution of an initial state). A per-dimension gate costs O(T^2 Dk)
-    time (the decay differs per key dimension; its memory stays O(T^2)), so keep T modest there.
+    o = a v + (contribution of an initial state). rows: (R,) query positions; then only those
+    rows are built, (B, H, R, T) in O(R T) memory (O(R T Dk) time for a per-dimension gate).
+    A per-dimension gate costs O(T^2 Dk) time for all rows (the decay differs per key
+    dimension; its memory stays O(T^2)), so keep T modest there.
     """
     _check_log_decay(q, log_decay, "decay_weights")
+    positions = query_positions(q, rows)  # (R,)
+    every = rows is None
     if log_decay.dim() == 3:
-        return torch.matmul(q, k.transpose(-1, -2)) * torch.exp(segsum(log_decay))
+        decay = segsum(log_decay) if every else segsum_rows(log_decay, positions)  # (B, H, R, T)
+        qr = q if every else q[:, :, positions]
+        return torch.matmul(qr, k.transpose(-1, -2)) * torch.exp(decay)
     b, h, t, dk = q.shape
-    size = max(1, min(dk, GATED_GROUP_ELEMENTS // max(1, b * h * t * t)))  # key dimensions per group
+    r = positions.numel()
+    size = max(1, min(dk, GATED_GROUP_ELEMENTS // max(1, b * h * r * t)))  # key dimensions per group
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, log_decay))
     w = None
     for d in range(0, dk, size):
-        part = (q[..., d:d + size], k[..., d:d + size], log_decay[..., d:d + size])
+        part = (q[..., d:d + size], k[..., d:d + size], log_decay[..., d:d + size], positions, every)
         part = checkpoint(_dims_weights, *part, use_reentrant=False) if grad else _dims_weights(*part)
         w = part if w is None else w + part
     return w
 
 
-def _dims_weights(q, k, log_decay):
-    """sum_d q_id k_jd exp(sum_{j<s<=i} x_sd) over the key dimensions given (B, H, T, g) -> (B, H, T, T)."""
-    decay = torch.exp(segsum(log_decay.transpose(-1, -2)))  # (B, H, g, T, T)
-    qk = q.transpose(-1, -2).unsqueeze(-1) * k.transpose(-1, -2).unsqueeze(-2)  # (B, H, g, T, T): q_id k_jd
+def _dims_weights(q, k, log_decay, positions, every):
+    """sum_d q_id k_jd exp(sum_{j<s<=i} x_sd) over the key dimensions given (B, H, T, g) -> (B, H, R, T)."""
+    x = log_decay.transpose(-1, -2)  # (B, H, g, T)
+    decay = torch.exp(segsum(x) if every else segsum_rows(x, positions))  # (B, H, g, R, T)
+    qr = q if every else q[:, :, positions]
+    qk = qr.transpose(-1, -2).unsqueeze(-1) * k.transpose(-1, -2).unsqueeze(-2)  # (B, H, g, R, T): q_id k_jd
     return (qk * decay).sum(dim=2)
 
 

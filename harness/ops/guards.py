@@ -117,3 +117,15 @@ def check_qkv_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, where: str
         )
     if q.shape != k.shape or v.shape[:2] != q.shape[:2]:
         raise ValueError(f"{where}: mismatched shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
+def query_positions(q: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """The positions whose weight rows are asked for: ``rows`` ((R,) long, each in [0, T)) on
+    q's device, or every position 0..T-1 when rows is None."""
+    t = q.shape[2]
+    if rows is None:
+        return torch.arange(t, device=q.device)
+    rows = torch.as_tensor(rows, device=q.device).long().reshape(-1)
+    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= t):
+        raise ValueError(f"rows must be positions in [0, {t}), got {rows.min().item()}..{rows.max().item()}")
+    return rows

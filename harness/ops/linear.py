@@ -27,6 +27,7 @@ from .guards import (
     check_qkv,
     check_qkv_step,
     floor_denominator,
+    query_positions,
 )
 from .linear_chunk import linear_chunk
 from .scan import scan
@@ -193,17 +194,25 @@ def linear_attention_step(q, k, v, state=None, *, exclusive=False, normalize=Tru
     return o, (sa[..., :-1], sa[..., -1])
 
 
-def linear_weights(q, k, *, causal=True, exclusive=False, normalize=True, eps=1e-6):
+def linear_weights(q, k, *, causal=True, exclusive=False, normalize=True, eps=1e-6, rows=None):
     """Effective attention weights a_ij (B, H, T, T) of linear attention (no initial state).
 
     a_ij = q_i.k_j / floor(sum_j' q_i.k_j') over the keys row i sees, so that o = a v; with
-    normalize=False the raw q_i.k_j.
+    normalize=False the raw q_i.k_j. rows: (R,) query positions; then only those rows are
+    built, (B, H, R, T) in O(R T) memory.
     """
     if normalize:
         check_eps(eps)
     if exclusive and not causal:
         raise ValueError("exclusive=True requires causal=True")
-    w = _scores(q, k, causal, exclusive)
+    positions = query_positions(q, rows)  # (R,)
+    if rows is not None:
+        q = q[:, :, positions]  # (B, H, R, Dk)
+    w = torch.matmul(q, k.transpose(-1, -2))  # (B, H, R, T)
+    if causal:
+        j = torch.arange(k.shape[2], device=q.device)
+        seen = j < positions.unsqueeze(-1) if exclusive else j <= positions.unsqueeze(-1)  # (R, T)
+        w = w.masked_fill(~seen, 0.0)
     if not normalize:
         return w
     den = w.sum(dim=-1, keepdim=True)

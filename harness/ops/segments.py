@@ -37,3 +37,18 @@ def suffix_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     zero = torch.zeros_like(csum.narrow(dim, 0, 1))
     csum = torch.cat([zero, csum.narrow(dim, 0, x.size(dim) - 1)], dim=dim)  # exclusive
     return torch.flip(csum, (dim,))
+
+
+def segsum_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(..., T) and rows (R,) -> (..., R, T): the rows `rows` of segsum(x), in O(R T) memory.
+
+    out[..., r, j] = sum_{j<s<=rows[r]} x_s for j <= rows[r], -inf after it. Each row is a
+    reversed cumulative sum that starts at its own position, so (as in segsum) an entry's
+    rounding error is relative to its segment, never to the whole prefix.
+    """
+    t = x.size(-1)
+    rows = rows.to(device=x.device, dtype=torch.long)
+    seen = torch.arange(t, device=x.device) <= rows.unsqueeze(-1)  # (R, T): s <= row
+    masked = x.unsqueeze(-2).masked_fill(~seen, 0.0)  # (..., R, T)
+    out = suffix_sum(masked, dim=-1)  # out[r, j] = sum_{j<s<=row} x_s
+    return out.masked_fill_(~seen, float("-inf"))

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .chunking import from_chunks, to_chunks
-from .guards import check_qkv, check_qkv_step
+from .guards import check_qkv, check_qkv_step, query_positions
 
 
 def _scale(d: int, scale: float | None) -> float:
@@ -36,12 +36,18 @@ def softmax_attention(q, k, v, *, causal=True, scale=None):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=_scale(q.shape[-1], scale))
 
 
-def softmax_weights(q, k, *, causal=True, scale=None):
-    """The attention matrix softmax(s q k^T) (B, H, T, T); rows sum to one, zero above the diagonal when causal."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) * _scale(q.shape[-1], scale)  # (B, H, T, T)
+def softmax_weights(q, k, *, causal=True, scale=None, rows=None):
+    """The attention matrix softmax(s q k^T) (B, H, T, T); rows sum to one, zero above the diagonal when causal.
+
+    rows: (R,) query positions; then only those rows are built, (B, H, R, T) in O(R T) memory
+    (what measurement reads at long lengths: the rows of the query positions).
+    """
+    positions = query_positions(q, rows)  # (R,)
+    if rows is not None:
+        q = q[:, :, positions]  # (B, H, R, Dk)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * _scale(q.shape[-1], scale)  # (B, H, R, T)
     if causal:
-        t = q.shape[2]
-        future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+        future = torch.arange(k.shape[2], device=q.device) > positions.unsqueeze(-1)  # (R, T)
         scores = scores.masked_fill(future, float("-inf"))
     return torch.softmax(scores, dim=-1)
 

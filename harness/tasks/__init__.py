@@ -1,4 +1,5 @@
-"""Synthetic recall tasks, one module each (`recall` (MQAR), `induction`, `interference`, ...).
+"""Synthetic recall tasks, one module each (`recall` (MQAR), `induction`, `interference`,
+`forgetting`, `needle`, ...).
 
 The task protocol: a task is a module with
 
@@ -12,6 +13,12 @@ The task protocol: a task is a module with
 and a `NAME` for the built-ins. Every module of this package that has a NAME is a built-in
 task (adding one is one file, plus its YAML in harness/conf/task); `task=package.module` (or
 `task.name=package.module`) names a task module anywhere else.
+
+The built-ins evaluate at a list of lengths (`task.test_seq_len`, every other evaluation
+variable at each length) and label only where an answer is due: the model's head and the loss
+run at those positions alone (harness.tasks.base.label_positions). A Batch carries the
+variable its accuracy is sliced by (slice_name / slice_value) and, where a task has more than
+one, the others in other_slices (forgetting: overwritten and age).
 """
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from harness.tasks.base import IGNORE, PAD, Batch
+from harness.tasks.base import IGNORE, PAD, Batch, label_positions
 
 PROTOCOL = ("Config", "validate", "eval_settings", "max_seq_len", "make_batch")
 
@@ -66,4 +73,10 @@ def get_task(name: str) -> ModuleType:
     return module
 
 
-__all__ = ["TASKS", "PROTOCOL", "get_task", "is_outside", "Batch", "IGNORE", "PAD"]
+def train_length(module: ModuleType, cfg) -> int:
+    """The training sequence length of a task config, read off one generated example (tasks
+    derive it differently: interference from N when seq_len is null)."""
+    return int(module.make_batch(cfg, 1, seed=0, device="cpu").inputs.shape[1])
+
+
+__all__ = ["TASKS", "train_length", "PROTOCOL", "get_task", "is_outside", "Batch", "IGNORE", "PAD", "label_positions"]

@@ -22,14 +22,17 @@ SPLITS = ("train", "test")
 class Batch(NamedTuple):
     """One batch of a task; all tensors (B, T) long on the requested device.
 
-    inputs:      token ids.
-    targets:     the token to predict at each position, IGNORE where there is no loss.
-    slice_value: the value of the variable the accuracy is sliced by (N for recall and
-                 interference, key->query distance for induction) at labelled positions,
-                 NO_SLICE elsewhere.
-    target_pos:  where the answer can be read from: inputs[b, target_pos[b, t]] == targets[b, t]
-                 at every labelled position t, NO_SLICE elsewhere.
-    slice_name:  "num_pairs" or "distance".
+    inputs:       token ids.
+    targets:      the token to predict at each position, IGNORE where there is no loss.
+    slice_value:  the value of the variable the accuracy is sliced by (N for recall and
+                  interference, key->query distance for induction) at labelled positions,
+                  NO_SLICE elsewhere.
+    target_pos:   where the answer can be read from: inputs[b, target_pos[b, t]] == targets[b, t]
+                  at every labelled position t, NO_SLICE elsewhere.
+    slice_name:   "num_pairs", "distance", ...
+    other_slices: further variables the accuracy is sliced by, ((name, (B, T) long), ...), laid
+                  out as slice_value (forgetting: the age of a key's last write beside whether
+                  it was overwritten); empty for most tasks.
     """
 
     inputs: torch.Tensor
@@ -37,14 +40,34 @@ class Batch(NamedTuple):
     slice_value: torch.Tensor
     target_pos: torch.Tensor
     slice_name: str
+    other_slices: tuple = ()
 
     @property
     def label_mask(self) -> torch.Tensor:
         return self.targets != IGNORE  # (B, T) bool
 
+    def slices(self) -> list[tuple[str, torch.Tensor]]:
+        """Every slicing variable: (slice_name, slice_value) first, then other_slices."""
+        return [(self.slice_name, self.slice_value), *self.other_slices]
+
     def to(self, device: torch.device | str) -> "Batch":
         return Batch(self.inputs.to(device), self.targets.to(device), self.slice_value.to(device),
-                     self.target_pos.to(device), self.slice_name)
+                     self.target_pos.to(device), self.slice_name,
+                     tuple((name, value.to(device)) for name, value in self.other_slices))
+
+
+def label_positions(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The labelled positions of each row and their targets, each (B, K) long.
+
+    K is the most labels any row has; a row's labelled positions come first, in order, and a
+    row with fewer labels is padded with unlabelled positions (their target is IGNORE, so they
+    carry no loss). The model's head then runs at K positions per row instead of T
+    (LanguageModel.forward(inputs, positions)). Reading K is one host sync.
+    """
+    labelled = targets != IGNORE  # (B, T)
+    k = int(labelled.sum(dim=1).max()) if targets.numel() else 0
+    order = torch.argsort((~labelled).to(torch.int8), dim=1, stable=True)[:, :k]  # (B, K) labelled first
+    return order, targets.gather(1, order)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,6 +192,36 @@ def power_law_offsets(gen: torch.Generator, batch: int, k: int, space: int,
     return picks.sort(dim=1).values                                     # (B, k)
 
 
+def sample_excluding(gen: torch.Generator, shape: tuple[int, int], low: int, high: int,
+                     excluded: torch.Tensor) -> torch.Tensor:
+    """(B, L) integers uniform over [low, high) minus each row's ``excluded`` tokens ((B, E),
+    distinct within a row and inside [low, high)).
+
+    One uniform draw u in [0, high - low - E) per entry, mapped to the u-th allowed token:
+    a_u = low + u + #{i : e_i - low - i <= u} over the row's sorted exclusions e_0 < e_1 < ...
+    (e_i - low - i allowed tokens lie below e_i), by one searchsorted: vectorised, no rejection.
+    """
+    b, length = shape
+    e = excluded.sort(dim=1).values                                     # (B, E)
+    room = high - low - e.shape[1]
+    u = (uniform(gen, b, length) * room).long().clamp_(max=room - 1)   # (B, L) in [0, room)
+    below = e - low - torch.arange(e.shape[1], device=e.device)         # (B, E) allowed tokens below e_i
+    return low + u + torch.searchsorted(below.contiguous(), u, right=True)
+
+
+def lengths(cfg) -> list[int]:
+    """The evaluation lengths of a config with a seq_len and a test_seq_len list (empty: seq_len)."""
+    return list(cfg.test_seq_len) or [cfg.seq_len]
+
+
+def check_lengths(task: str, cfg) -> None:
+    """test_seq_len: a list of lengths, each an integer >= 1."""
+    if not isinstance(cfg.test_seq_len, (list, tuple)):
+        fail(f"{task}: test_seq_len must be a list of lengths (e.g. [64,1024]), got {cfg.test_seq_len!r}")
+    for t in cfg.test_seq_len:
+        check_int(task, "test_seq_len entry", t)
+
+
 def empty_labels(batch: int, seq_len: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """targets, slice_value, target_pos with no labelled position yet; each (B, T) long."""
     def full(value: int) -> torch.Tensor:
@@ -179,10 +232,12 @@ def empty_labels(batch: int, seq_len: int, device: torch.device) -> tuple[torch.
 
 def validate_settings(name: str, cfg, validate_setting: Callable, eval_settings: Callable) -> None:
     """Validate the training setting of cfg and each of its evaluation settings (one per entry
-    of cfg.test_num_pairs): ``validate_setting(setting, where)`` raises with ``where`` ("" or
-    "test ") naming which one failed."""
-    for n in cfg.test_num_pairs:
+    of cfg.test_num_pairs and of cfg.test_seq_len, where the task has them):
+    ``validate_setting(setting, where)`` raises with ``where`` ("" or "test ") naming which one failed."""
+    for n in getattr(cfg, "test_num_pairs", []):
         check_int(name, "test_num_pairs entry", n)
+    if hasattr(cfg, "test_seq_len"):
+        check_lengths(name, cfg)
     validate_setting(cfg, "")
     for setting in eval_settings(cfg):
         validate_setting(setting, "test ")

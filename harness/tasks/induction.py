@@ -13,7 +13,8 @@ occurs exactly twice, so the answer at the second A is unambiguous.
     target_pos   .   .   .   .   .   .   2   .   .   .
     slice_value  .   .   .   .   .   .   5   .   .   .
 
-Each example plants `num_triggers` such pairs. The distance (second A minus first A) is
+Each example plants `num_triggers` such pairs; `test_seq_len` evaluates the same triggers and
+distances in longer (or shorter) sequences of random filler. The distance (second A minus first A) is
 uniform in [min_distance, max_distance] and is the slice ("distance"); target_pos is the
 position of B after the first A, so inputs[b, target_pos] == targets[b, t].
 
@@ -24,12 +25,13 @@ seq_len - max_distance > 8 * (num_triggers - 1), which guarantees a free start a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 
-from harness.tasks.base import (Batch, as_config, check_call, check_int, empty_labels, make_generator,
-                        randint, require, sample_distinct, uniform)
+from harness.tasks.base import (Batch, as_config, check_call, check_int, check_lengths, empty_labels, lengths,
+                        make_generator, randint, require, sample_distinct, uniform)
 
 NAME = "induction"
 SLICE_NAME = "distance"
@@ -43,12 +45,20 @@ class Config:
     num_triggers: int = 4     # induction pairs (labels) per example
     min_distance: int = 2     # second A minus first A; 2 is "A B A"
     max_distance: int = 32
+    test_seq_len: list[int] = field(default_factory=list)  # empty: [seq_len]
 
 
 def validate(cfg: Config) -> None:
-    """Raise ValueError (one line) unless every example can be laid out."""
+    """Raise ValueError (one line) unless every example of the training and of every
+    evaluation length can be laid out."""
     cfg = as_config(Config, cfg, NAME)
-    check_int(NAME, "seq_len", cfg.seq_len)
+    check_lengths(NAME, cfg)
+    for setting in [cfg, *eval_settings(cfg)]:
+        _validate_setting(setting, "" if setting is cfg else "test ")
+
+
+def _validate_setting(cfg: Config, where: str) -> None:
+    check_int(NAME, f"{where}seq_len", cfg.seq_len)
     check_int(NAME, "vocab_size", cfg.vocab_size, minimum=4)
     check_int(NAME, "num_triggers", cfg.num_triggers)
     check_int(NAME, "min_distance", cfg.min_distance, minimum=2)
@@ -56,29 +66,32 @@ def validate(cfg: Config) -> None:
     t, v, k = cfg.seq_len, cfg.vocab_size, cfg.num_triggers
     require(cfg.min_distance <= cfg.max_distance,
             f"{NAME}: min_distance={cfg.min_distance} exceeds max_distance={cfg.max_distance}")
-    require(cfg.max_distance < t, f"{NAME}: max_distance={cfg.max_distance} must be < seq_len={t}")
+    require(cfg.max_distance < t, f"{NAME}: max_distance={cfg.max_distance} must be < {where}seq_len={t}")
     require(k <= v // 2 - 1, f"{NAME}: num_triggers={k} distinct triggers do not fit in the trigger "
                              f"range [1, {v // 2}) of vocab_size={v}; raise vocab_size")
     need = BLOCKED_PER_TRIGGER * (k - 1)
     require(t - cfg.max_distance > need,
             f"{NAME}: num_triggers={k} at distances up to max_distance={cfg.max_distance} need "
-            f"seq_len - max_distance > {need}, got {t - cfg.max_distance}; "
+            f"{where}seq_len - max_distance > {need}, got {t - cfg.max_distance}; "
             f"raise seq_len or lower max_distance/num_triggers")
 
 
 def eval_settings(cfg: Config) -> list[Config]:
-    """Induction is evaluated on its own setting; accuracy is sliced by distance."""
-    return [as_config(Config, cfg, NAME)]
+    """One setting per entry of test_seq_len (default the training length), the same triggers
+    and distances at each; accuracy is sliced by distance, each row with its length."""
+    cfg = as_config(Config, cfg, NAME)
+    return [dataclasses.replace(cfg, seq_len=t, test_seq_len=[]) for t in lengths(cfg)]
 
 
 def max_seq_len(cfg: Config) -> int:
-    return as_config(Config, cfg, NAME).seq_len
+    cfg = as_config(Config, cfg, NAME)
+    return max([cfg.seq_len, *lengths(cfg)])
 
 
 def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device | str = "cpu",
                split: str = "train") -> Batch:
     cfg = as_config(Config, cfg, NAME)
-    validate(cfg)
+    _validate_setting(cfg, "")
     check_call(NAME, batch_size, seed, split)
     b, t, v, k = batch_size, cfg.seq_len, cfg.vocab_size, cfg.num_triggers
     gen = make_generator(seed, split, device)

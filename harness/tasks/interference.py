@@ -16,8 +16,9 @@ key's tokens again, labelled at its last token with the value (values are distin
     target_pos   .   .   .   .   .   . | .   5   .   2
     slice_value  .   .   .   .   .   . | .   2   .   2
 
-seq_len=None uses exactly N*(key_len+1) + Q*key_len positions; a larger seq_len pads the end
-with 0 (no labels). num_queries=None asks every key once; more queries ask each key
+seq_len=None uses exactly N*(key_len+1) + Q*key_len positions; a larger seq_len puts the
+filler 0 between the pairs and the queries, so the queries close the sequence and the state
+must hold the pairs across the gap (`test_seq_len` evaluates at other lengths: a length axis). num_queries=None asks every key once; more queries ask each key
 floor(Q/N) or ceil(Q/N) times, fewer ask a random subset; the order is random.
 
 key_overlap (in [0, 1)) controls how much structure keys share. Position j of every key draws
@@ -60,6 +61,7 @@ class Config:
     key_len: int = 1                         # tokens per key
     key_overlap: float = 0.0                 # in [0, 1): shrinks the per-position token pools
     test_num_pairs: list[int] = field(default_factory=list)  # empty: [num_pairs]
+    test_seq_len: list[int] = field(default_factory=list)    # empty: [seq_len] (derived per N when null)
 
 
 def pool_size(cfg: Config) -> int:
@@ -117,10 +119,13 @@ def validate(cfg: Config) -> None:
 
 
 def eval_settings(cfg: Config) -> list[Config]:
-    """One setting per entry of test_num_pairs (default: the training N)."""
+    """One setting per (entry of test_num_pairs, entry of test_seq_len), N varying fastest
+    (defaults: the training N and seq_len)."""
     cfg = as_config(Config, cfg, NAME)
     sizes = list(cfg.test_num_pairs) or [cfg.num_pairs]
-    return [dataclasses.replace(cfg, num_pairs=n, test_num_pairs=[]) for n in sizes]
+    lengths = list(cfg.test_seq_len) or [cfg.seq_len]
+    return [dataclasses.replace(cfg, num_pairs=n, seq_len=t, test_num_pairs=[], test_seq_len=[])
+            for t in lengths for n in sizes]
 
 
 def max_seq_len(cfg: Config) -> int:
@@ -163,9 +168,10 @@ def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device 
     start = n * (length + 1)
     inputs = torch.full((b, t), PAD, dtype=torch.long, device=dev)      # (B, T)
     inputs[:, :start] = context
-    inputs[:, start:start + q * length] = asked
+    first_query = t - q * length                                        # the gap of filler before it
+    inputs[:, first_query:] = asked
 
-    label_pos = start + torch.arange(q, device=dev) * length + (length - 1)  # (Q,) last key token
+    label_pos = first_query + torch.arange(q, device=dev) * length + (length - 1)  # (Q,) last key token
     targets, slice_value, target_pos = empty_labels(b, t, dev)
     targets[:, label_pos] = values.gather(1, which)
     slice_value[:, label_pos] = n

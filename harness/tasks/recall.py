@@ -26,8 +26,28 @@ Which key each query asks is balanced: with Q <= N the queried keys are distinct
 each key is asked floor(Q/N) or ceil(Q/N) times, in random order. Values never reappear after the pairs, so
 target_pos is the only place the answer can be read from.
 
-Evaluation: `eval_settings` gives one setting per entry of `test_num_pairs` at `test_seq_len`
-(each defaulting to the training value); accuracy is sliced by N ("num_pairs").
+Distractors (`filler="random"`, Zoology's default MQAR, its `random_non_queries`): every
+position after the pairs that is not a query holds a random token instead of 0 (each one
+with probability `filler_rate`), so keys and values that are not stored pairs appear between
+the queries, and a linear state takes a write of noise at each of them.
+
+    filler=random, V=16, N=2, seq_len=9, num_queries=2 (one possible draw; keys 3, 5):
+
+    position     0   1   2   3 | 4   5   6   7   8
+    inputs       3  12   5   9 | 7   5  14   3   1
+    targets      .   .   .   . | .   9   .  12   .
+    target_pos   .   .   .   . | .   3   .   1   .
+
+Labels stay unambiguous: the random tokens are drawn from [1, V) minus the example's own
+stored keys and values, so a stored key occurs only in its pair and at its queries (a query
+is never mistaken for a later write of its key) and a stored value only in its pair
+(target_pos stays the one place the answer can be read from). Other keys and values, which
+no query asks, do appear: those are the distractors. The random tokens are drawn after
+everything else, so with the same seed the pairs and queries are those of the zero layout.
+
+Evaluation: `eval_settings` gives one setting per entry of `test_num_pairs` (default the
+training N) and of `test_seq_len` (default the training length), every N at every length;
+accuracy is sliced by N ("num_pairs"), each row with its length.
 """
 from __future__ import annotations
 
@@ -37,9 +57,9 @@ from typing import Optional
 
 import torch
 
-from harness.tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
-                        empty_labels, make_generator, power_law_offsets, require, sample_distinct,
-                        validate_settings)
+from harness.tasks.base import (IGNORE, PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
+                        empty_labels, lengths, make_generator, power_law_offsets, require, sample_distinct,
+                        sample_excluding, uniform, validate_settings)
 
 NAME = "recall"
 MAX_POWER_A = 8.0
@@ -53,8 +73,13 @@ class Config:
     num_pairs: int = 4
     num_queries: Optional[int] = None        # None: num_pairs (each stored key asked once)
     power_a: float = 0.01                    # gap law p(s) ∝ (s+1)^(power_a-1); 1 = uniform
-    test_seq_len: Optional[int] = None       # None: seq_len
+    filler: str = "zero"                     # zero (0 between the queries) | random (distractors)
+    filler_rate: float = 1.0                 # filler=random: the share of filler positions made random
+    test_seq_len: list[int] = field(default_factory=list)    # empty: [seq_len]
     test_num_pairs: list[int] = field(default_factory=list)  # empty: [num_pairs]
+
+
+FILLERS = ("zero", "random")
 
 
 def _num_queries(cfg: Config) -> int:
@@ -80,23 +105,23 @@ def _validate_setting(cfg: Config, where: str) -> None:
     default = " (num_queries defaults to num_pairs)" if cfg.num_queries is None else ""
     require(2 * n + q <= t, f"{NAME}: 2*num_pairs + num_queries = {2 * n + q} exceeds "
                             f"{where}seq_len={t}{default}")
+    require(cfg.filler in FILLERS, f"{NAME}: unknown filler {cfg.filler!r}; valid: {', '.join(FILLERS)}")
+    rate = check_float(NAME, "filler_rate", cfg.filler_rate)
+    require(0.0 <= rate <= 1.0, f"{NAME}: filler_rate must be in [0, 1], got {cfg.filler_rate}")
 
 
 def validate(cfg: Config) -> None:
     """Raise ValueError (one line) unless the training and every evaluation setting is valid."""
     cfg = as_config(Config, cfg, NAME)
-    if cfg.test_seq_len is not None:
-        check_int(NAME, "test_seq_len", cfg.test_seq_len)
     validate_settings(NAME, cfg, _validate_setting, eval_settings)
 
 
 def eval_settings(cfg: Config) -> list[Config]:
-    """One setting per test N, at test_seq_len; each is a plain training-style Config."""
+    """One setting per (test N, test length), N varying fastest; each a plain training-style Config."""
     cfg = as_config(Config, cfg, NAME)
-    seq_len = cfg.test_seq_len if cfg.test_seq_len is not None else cfg.seq_len
     sizes = list(cfg.test_num_pairs) or [cfg.num_pairs]
-    return [dataclasses.replace(cfg, seq_len=seq_len, num_pairs=n, test_seq_len=None, test_num_pairs=[])
-            for n in sizes]
+    return [dataclasses.replace(cfg, seq_len=t, num_pairs=n, test_seq_len=[], test_num_pairs=[])
+            for t in lengths(cfg) for n in sizes]
 
 
 def max_seq_len(cfg: Config) -> int:
@@ -132,4 +157,10 @@ def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device 
     targets.scatter_(1, query_pos, values.gather(1, which))
     slice_value.scatter_(1, query_pos, n)
     target_pos.scatter_(1, query_pos, 2 * which + 1)
+    if cfg.filler == "random":  # drawn last: pairs and queries stay those of the zero layout
+        stored = torch.cat([keys, values], dim=1)                        # (B, 2N) never drawn
+        tokens = sample_excluding(gen, (b, t), 1, v, stored)             # (B, T)
+        filler = (uniform(gen, b, t) < float(cfg.filler_rate)) & (targets == IGNORE)
+        filler[:, :2 * n] = False                                        # (B, T) after the pairs, not a query
+        inputs = torch.where(filler, tokens, inputs)
     return Batch(inputs, targets, slice_value, target_pos, SLICE_NAME)

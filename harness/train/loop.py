@@ -26,6 +26,8 @@ from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, bas
                              flat_config, write_json)
 from harness.config.build import build_model, model_config, task_config
 from harness.devices import select_device
+from harness.tasks import label_positions, train_length
+from harness.train.memory import examples_per_pass
 
 IGNORE = -100
 
@@ -52,19 +54,24 @@ def lr_factor(step: int, tr) -> float:
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the labelled entries; logits (B, K, V) and targets (B, K), K the
+    positions the head ran at (all T, or the labelled ones: harness.tasks.label_positions)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
 
 
 def train_batches(module, tcfg, tr, seed: int, device: torch.device, start: int = 0) -> Iterator[Any]:
-    """Endless training batches from batch ``start`` on, `data_chunk` of them per vectorised
+    """Endless training batches (inputs (B, T), positions (B, K), targets (B, K)) from batch
+    ``start`` on, `data_chunk` of them per vectorised generator call. positions are the labelled
+    positions (the head and the loss run there only); finding them costs one host sync per
     generator call. Batch i depends on (seed, i) alone, so a resumed run gets the same data."""
     chunk, skip = divmod(start, tr.data_chunk)
     while True:
         big = module.make_batch(tcfg, tr.batch_size * tr.data_chunk,
                                 seed=seed * 1_000_003 + chunk, device=device, split="train")
+        positions, targets = label_positions(big.targets)
         for i in range(skip, tr.data_chunk):
             sl = slice(i * tr.batch_size, (i + 1) * tr.batch_size)
-            yield big.inputs[sl], big.targets[sl]
+            yield big.inputs[sl], positions[sl], targets[sl]
         chunk, skip = chunk + 1, 0
 
 
@@ -76,43 +83,125 @@ class EvalSet:
     seq_len: int
 
 
+def setting_names(settings: list) -> list[str]:
+    """A name per evaluation setting from the fields in which the settings differ, in the order
+    of the task's Config ("num_pairs=8", "seq_len=1024,num_pairs=8", "seq_len=4096,depth=0.5");
+    a single setting is named by its num_pairs where it has one, else "set0"."""
+    rows = [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(vars(s)) for s in settings]
+    fields = [f for f in rows[0] if len({repr(r.get(f)) for r in rows}) > 1] if rows else []
+    if not fields and rows and "num_pairs" in rows[0]:
+        fields = ["num_pairs"]
+    if not fields:
+        return [f"set{i}" for i in range(len(rows))]
+    return [",".join(f"{f}={r[f]:g}" if isinstance(r[f], float) else f"{f}={r[f]}" for f in fields) for r in rows]
+
+
 def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device) -> list[EvalSet]:
+    """One held-out batch of `trainer.eval_examples` examples per evaluation setting of the task
+    (its eval_settings: test N x test lengths, say)."""
+    settings = module.eval_settings(tcfg)
     sets = []
-    for i, setting in enumerate(module.eval_settings(tcfg)):
+    for i, (setting, name) in enumerate(zip(settings, setting_names(settings))):
         batch = module.make_batch(setting, tr.eval_examples, seed=seed * 7919 + i,
                                   device=device, split="test")
-        n = getattr(setting, "num_pairs", None)
-        sets.append(EvalSet(name=f"{batch.slice_name}={n}" if n else f"set{i}", batch=batch,
-                            seq_len=batch.inputs.shape[1]))
+        sets.append(EvalSet(name=name, batch=batch, seq_len=batch.inputs.shape[1]))
     return sets
 
 
-@torch.no_grad()
-def evaluate(model, eval_sets: list[EvalSet], autocast, chunk: int = 256) -> dict[str, Any]:
-    """Accuracy and loss per setting and per slice value (N or distance)."""
-    model.eval()
-    per_set, slices = [], []
-    for es in eval_sets:
-        b = es.batch
-        correct, count, loss_sum = [], [], 0.0
-        for s in range(0, b.inputs.shape[0], chunk):
-            with autocast():
-                logits = model(b.inputs[s:s + chunk])
-            tgt = b.targets[s:s + chunk]
-            mask = tgt != IGNORE
-            loss_sum += F.cross_entropy(logits[mask].float(), tgt[mask], reduction="sum").item()
-            correct.append((logits.argmax(-1) == tgt)[mask])
-            count.append(b.slice_value[s:s + chunk][mask])
-        hits = torch.cat(correct).float()
-        values = torch.cat(count)
-        n = hits.numel()
-        per_set.append({"name": es.name, "accuracy": hits.mean().item(), "loss": loss_sum / n,
-                        "count": n, "seq_len": es.seq_len})
+def periodic_sets(eval_sets: list[EvalSet], train_len: int) -> list[EvalSet]:
+    """The sets evaluated every `trainer.eval_every` steps (and that early stopping watches):
+    those no longer than the training length. Longer ones measure extrapolation, not training
+    progress, and are evaluated once, at the end; when every set is longer (the run asks for
+    nothing else), all are periodic."""
+    return [es for es in eval_sets if es.seq_len <= train_len] or list(eval_sets)
+
+
+EVAL_FORM = "chunk"  # evaluation runs the linear families in the chunk form: memory linear in T
+
+
+def _eval_pass(model, inputs: torch.Tensor, targets: torch.Tensor, autocast):
+    """One forward pass with the head at the labelled positions: (logits (B, K, V), targets (B, K),
+    positions (B, K))."""
+    positions, tgt = label_positions(targets)
+    with autocast():
+        logits = model(inputs, positions)
+    return logits, tgt, positions
+
+
+def _evaluate_set(model, es: EvalSet, autocast, per_pass: int) -> tuple[dict, list[dict]]:
+    b = es.batch
+    slices = b.slices() if hasattr(b, "slices") else [(b.slice_name, b.slice_value)]
+    correct, loss_sum, seen = [], 0.0, {name: [] for name, _ in slices}
+    for s in range(0, b.inputs.shape[0], per_pass):
+        part = slice(s, s + per_pass)
+        logits, tgt, positions = _eval_pass(model, b.inputs[part], b.targets[part], autocast)
+        mask = tgt != IGNORE  # (B, K)
+        loss_sum += F.cross_entropy(logits[mask].float(), tgt[mask], reduction="sum").item()
+        correct.append((logits.argmax(-1) == tgt)[mask])
+        for name, value in slices:
+            seen[name].append(value[part].gather(1, positions)[mask])
+    hits = torch.cat(correct).float()
+    n = hits.numel()
+    setting = {"name": es.name, "accuracy": hits.mean().item(), "loss": loss_sum / n, "count": n,
+               "seq_len": es.seq_len}
+    rows = []
+    for name, parts in seen.items():
+        values = torch.cat(parts)
         for v in torch.unique(values).tolist():
             sel = values == v
-            slices.append({"slice": b.slice_name, "value": int(v), "seq_len": es.seq_len,
-                           "accuracy": hits[sel].mean().item(), "count": int(sel.sum())})
-    model.train()
+            rows.append({"slice": name, "value": int(v), "seq_len": es.seq_len,
+                         "accuracy": hits[sel].mean().item(), "count": int(sel.sum())})
+    return setting, rows
+
+
+def _eval_memory(model, es: EvalSet, autocast, per_pass: int) -> int:
+    """Peak bytes of one evaluation pass at this setting's length (the streamed evaluation holds
+    one pass at a time, so this is its peak), beyond the parameters and the held-out batch.
+    CUDA: torch.cuda.max_memory_allocated. CPU: the live-memory tracker (harness.memory), with
+    the fused CPU chunk kernels off for the pass, as the tracker cannot see inside them (the
+    batched forms they stand for hold at least as much)."""
+    from harness.memory import peak_memory
+    from harness.ops import fused_cpu_enabled, set_fused_cpu
+
+    device = es.batch.inputs.device
+    inputs, targets = es.batch.inputs[:per_pass], es.batch.targets[:per_pass]
+    existing = [*model.parameters(), *model.buffers(), es.batch.inputs, es.batch.targets]
+    fused = fused_cpu_enabled()
+    set_fused_cpu(fused and device.type != "cpu")
+    try:
+        return peak_memory(lambda: _eval_pass(model, inputs, targets, autocast), device, existing)
+    finally:
+        set_fused_cpu(fused)
+
+
+@torch.no_grad()
+def evaluate(model, eval_sets: list[EvalSet], autocast, *, tokens: int = 1 << 14,
+             memory: bool = False) -> dict[str, Any]:
+    """Accuracy and loss per setting and per slice value (N, distance, ...; each row with its
+    length), streamed: passes of about `tokens` tokens (at least one example each), the head
+    at the labelled positions only, the linear families in the chunk form whatever the
+    training form (the forms agree; memory stays linear in T). memory=True adds each setting's
+    peak memory of one pass (peak_mem_bytes) and the examples per pass."""
+    model.eval()
+    form = getattr(model.cfg, "form", None)
+    if form is not None and form != EVAL_FORM:
+        model.set_form(EVAL_FORM)
+    per_set, slices = [], []
+    try:
+        for es in eval_sets:
+            per_pass = examples_per_pass(es.seq_len, tokens)
+            started = time.perf_counter()
+            setting, rows = _evaluate_set(model, es, autocast, per_pass)
+            setting["time_s"] = time.perf_counter() - started
+            if memory:
+                setting.update(peak_mem_bytes=_eval_memory(model, es, autocast, per_pass),
+                               examples_per_pass=min(per_pass, es.batch.inputs.shape[0]), form=EVAL_FORM)
+            per_set.append(setting)
+            slices.extend(rows)
+    finally:
+        if form is not None and form != EVAL_FORM:
+            model.set_form(form)
+        model.train()
     accuracy = sum(p["accuracy"] for p in per_set) / len(per_set)
     loss = sum(p["loss"] for p in per_set) / len(per_set)
     return {"accuracy": accuracy, "loss": loss, "min_accuracy": min(p["accuracy"] for p in per_set),
@@ -238,13 +327,14 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     """
     from harness.outputs import checkpoint
     from harness.train.faults import FaultWatch, NumericalFault
-    from harness.train.memory import EVAL_CHUNK, check_training
+    from harness.train.memory import check_training
 
     started, t0 = time.time(), time.perf_counter()
     tr = cfg.trainer
-    eval_batch = check_training(cfg)  # before any allocation: refused, or evaluation in pieces that fit
-    if eval_batch < min(EVAL_CHUNK, tr.eval_examples):
-        print(f"[harness] evaluation in pieces of {eval_batch} examples (more at once would not fit)")
+    eval_tokens = check_training(cfg)  # before any allocation: refused, or evaluation in pieces that fit
+    if eval_tokens < tr.eval_tokens:
+        print(f"[harness] evaluation in pieces of {eval_tokens:,} tokens (trainer.eval_tokens="
+              f"{tr.eval_tokens:,} at once would not fit)")
     device = select_device(tr.device)
     torch.manual_seed(cfg.seed)
     if device.type == "cpu":
@@ -254,6 +344,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
     eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)
     max_len = max(es.seq_len for es in eval_sets)
+    periodic = periodic_sets(eval_sets, train_length(module, tcfg))
     model = build_model(cfg).to(device)
     watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
@@ -285,9 +376,9 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         on_step = clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
         setup_s = clock.last - t0
         while loop.step < tr.max_steps:
-            inputs, targets = next(batches)
+            inputs, positions, targets = next(batches)
             with watch.forward_pass(), autocast():
-                loss = lm_loss(step_model(inputs), targets)
+                loss = lm_loss(step_model(inputs, positions), targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             loop.step += 1
@@ -307,7 +398,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                 on_step(step)
             if step % tr.eval_every == 0 or step == tr.max_steps:
                 watch.check()
-                loop.last_eval = evaluate(model, eval_sets, autocast, chunk=eval_batch)
+                loop.last_eval = evaluate(model, periodic, autocast, tokens=eval_tokens)
                 loop.eval_step = step
                 row = {"step": step, "time_s": time.time() - started,
                        "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
@@ -330,9 +421,9 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                                    f"{ckpt_path} holds it: rerun the same command to resume")
         bar.close()
         watch.check()
-        step, last_eval = loop.step, loop.last_eval
-        if loop.eval_step != step:
-            last_eval = evaluate(model, eval_sets, autocast, chunk=eval_batch)
+        step = loop.step
+        # every setting, the longer ones too, and each one's peak memory
+        last_eval = evaluate(model, eval_sets, autocast, tokens=eval_tokens, memory=True)
         summary: dict[str, Any] = {
             "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
             "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
@@ -342,6 +433,8 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         for p in last_eval["settings"]:
             summary[f"accuracy/{p['name']}"] = p["accuracy"]
         results["slices"] = last_eval["slices"]
+        results["settings"] = last_eval["settings"]
+        summary["eval_peak_mem_bytes"] = max(p["peak_mem_bytes"] for p in last_eval["settings"])
         if tr.measure:
             measure_t0 = time.perf_counter()
             measured = _measure(model, eval_sets, tr.measure_examples)

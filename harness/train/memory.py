@@ -31,7 +31,6 @@ from harness.model import ModelConfig, uses_learned_positions
 
 FLOAT = 4                 # bytes: parameters, activations and logits are float32 (bf16 autocast: less)
 TOKEN_DATA = 4 * 8 * 2    # bytes a token of a generated batch holds: 4 long tensors, as much again while made
-EVAL_CHUNK = 256          # examples per evaluation forward pass, at most (harness.train.loop.evaluate)
 HEADROOM = 256 * 2**20    # the interpreter, torch and the allocator's own slack
 
 
@@ -120,27 +119,37 @@ def state_bytes(f: ModelFacts) -> float:
     return 4 * FLOAT * f.params
 
 
-def eval_bytes(f: ModelFacts, lengths: list[int], batch: int, examples: int) -> float:
-    """Peak bytes of evaluating at every length in `lengths` (the held-out sets: `examples` each),
-    `batch` examples per forward pass, beside a training run's parameters and optimizer state.
-    Kept apart from evaluate() so that any evaluation that streams by length and batch can ask."""
+def examples_per_pass(seq_len: int, tokens: int, examples: int | None = None) -> int:
+    """Examples of length `seq_len` in one evaluation pass of `tokens` tokens (at least one;
+    at most the set's `examples`): how harness.train.loop.evaluate streams a set."""
+    per = max(1, tokens // max(1, seq_len))
+    return per if examples is None else min(per, examples)
+
+
+def eval_bytes(f: ModelFacts, lengths: list[int], tokens: int, examples: int) -> float:
+    """Peak bytes of evaluating at every length in `lengths` (the held-out sets: `examples` each,
+    their tokens held for the whole run), streamed `tokens` tokens per forward pass, beside a
+    training run's parameters and optimizer state."""
     held = sum(examples * T * TOKEN_DATA / 2 for T in lengths)
-    return state_bytes(f) + held + max(activation_bytes(f, min(batch, examples), T, training=False)
+    return state_bytes(f) + held + max(activation_bytes(f, examples_per_pass(T, tokens, examples), T, training=False)
                                        for T in lengths) + HEADROOM
 
 
 def measure_bytes(f: ModelFacts, lengths: list[int], examples: int) -> float:
-    """Peak bytes of the end-of-run measurements (harness.measure.trained.measure_model): every
-    mixer's hook tensors (q and k before and after the feature map, v, the read-out) for
-    `examples` examples of an evaluation set, captured MEASURE_CHUNK examples per forward pass,
-    beside the run's state."""
-    from harness.measure.trained import MEASURE_CHUNK
+    """Peak bytes of the end-of-run measurements (harness.measure.trained.measure_model): the
+    measurement streams MEASURE_TOKENS tokens per forward pass (at least one example), keeping
+    every mixer's hook tensors (q and k before and after the feature map, v, the read-out) of one
+    pass until its query rows are reduced, beside the run's state."""
+    from harness.measure.trained import MEASURE_TOKENS
 
     H, dv = f.n_heads, f.d_model // f.n_heads
     hooks = f.n_layers * (2 * H * f.d_qk + 2 * H * f.d_key + 2 * H * dv + H)
-    return state_bytes(f) + max(activation_bytes(f, min(examples, MEASURE_CHUNK), T, training=False, logit_rows=1)
-                                + 2 * FLOAT * examples * T * hooks
-                                for T in lengths) + HEADROOM
+
+    def one_pass(T: int) -> float:
+        group = min(examples, max(1, MEASURE_TOKENS // T))  # examples per forward pass
+        return activation_bytes(f, group, T, training=False, logit_rows=1) + 2 * FLOAT * group * T * hooks
+
+    return state_bytes(f) + max(one_pass(T) for T in lengths) + HEADROOM
 
 
 def train_bytes(f: ModelFacts, batch: int, T: int, data_chunk: int) -> float:
@@ -169,21 +178,21 @@ def run_shape(cfg: DictConfig) -> RunShape:
     return RunShape(facts, train_len, eval_lens, tr.batch_size, tr.data_chunk, tr.eval_examples)
 
 
-def eval_chunk(shape: RunShape, limit: float) -> int:
-    """The most examples per evaluation pass (at most EVAL_CHUNK) whose peak fits in `limit`;
-    0 when not even one example fits."""
-    batch = min(EVAL_CHUNK, shape.eval_examples)
-    while batch >= 1:
-        if max(eval_bytes(shape.facts, shape.eval_lens, batch, shape.eval_examples),
+def eval_tokens(shape: RunShape, tokens: int, limit: float) -> int:
+    """The most tokens per evaluation pass, at most `tokens` (trainer.eval_tokens), whose peak fits
+    in `limit`, halving; 0 when not even one example per pass fits."""
+    while True:
+        if max(eval_bytes(shape.facts, shape.eval_lens, tokens, shape.eval_examples),
                train_bytes(shape.facts, shape.batch, shape.train_len, shape.data_chunk)) <= limit:
-            return batch
-        batch //= 2
-    return 0
+            return tokens
+        if tokens <= min(shape.eval_lens):  # one example per pass already
+            return 0
+        tokens //= 2
 
 
 def check_training(cfg: DictConfig) -> int:
     """Refuse (ResourceError, one line) a training run whose step or evaluation cannot fit on its
-    device; otherwise the evaluation chunk that fits (EVAL_CHUNK, or fewer examples per pass)."""
+    device; otherwise the tokens per evaluation pass that fit (trainer.eval_tokens, or fewer)."""
     shape = run_shape(cfg)
     device = select_device(cfg.trainer.device)
     f, tr = shape.facts, cfg.trainer
@@ -191,8 +200,8 @@ def check_training(cfg: DictConfig) -> int:
                f"({f.n_layers} layers, {f.params:,} parameters, vocabulary {f.vocab})",
                train_bytes(f, shape.batch, shape.train_len, shape.data_chunk), device)
     limit, where = memory_limit(device)
-    chunk = eval_chunk(shape, limit)
-    if chunk == 0:
+    tokens = eval_tokens(shape, tr.eval_tokens, limit)
+    if tokens == 0:
         need = eval_bytes(f, shape.eval_lens, 1, shape.eval_examples)
         raise ResourceError(f"evaluation: {tr.eval_examples} examples at length {max(shape.eval_lens)} "
                             f"needs about {format_bytes(need)} even one example at a time; "
@@ -204,7 +213,7 @@ def check_training(cfg: DictConfig) -> int:
             raise ResourceError(f"measurement: {examples} examples at length {max(shape.eval_lens)} needs about "
                                 f"{format_bytes(need)} (lower trainer.measure_examples, or set "
                                 f"trainer.measure=false); {where} has {format_bytes(limit)}")
-    return chunk
+    return tokens
 
 
 def total_bytes(cfg: DictConfig) -> float:
@@ -212,8 +221,8 @@ def total_bytes(cfg: DictConfig) -> float:
     shape = run_shape(cfg)
     f = shape.facts
     return max(train_bytes(f, shape.batch, shape.train_len, shape.data_chunk),
-               eval_bytes(f, shape.eval_lens, min(EVAL_CHUNK, shape.eval_examples), shape.eval_examples))
+               eval_bytes(f, shape.eval_lens, cfg.trainer.eval_tokens, shape.eval_examples))
 
 
-__all__ = ["ModelFacts", "RunShape", "activation_bytes", "check_training", "eval_bytes", "eval_chunk",
-           "model_facts", "param_count", "run_shape", "total_bytes", "train_bytes"]
+__all__ = ["ModelFacts", "RunShape", "activation_bytes", "check_training", "eval_bytes", "eval_tokens",
+           "examples_per_pass", "model_facts", "param_count", "run_shape", "total_bytes", "train_bytes"]

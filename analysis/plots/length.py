@@ -1,0 +1,100 @@
+"""Recall against context length: each mixer trained short, evaluated far past it (figure 8).
+
+Accuracy on the recall task (N fixed) at every evaluation length, the training length marked.
+Theory in each mixer's colour, dashed: harness.measure.theory.predicted_length_accuracy for a
+state of the run's key dimension, its decay (the measured mean log decay per step of a decay
+mixer's retrieval head; none for the additive states) and, in the distractor layout, every
+random filler token counted as a crosstalk write. One panel per filler layout in the sweep.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from analysis.plots.common import (figure, legend_outside, log2_axis, mixer_handles, mixer_order,
+                                   new_figure, note, palette, require, table)
+from analysis.plots.reference import length_accuracy_curve
+
+TRAIN_LEN, FILLER = "config.task.seq_len", "config.task.filler"
+
+
+def length_points(data: pd.DataFrame) -> pd.DataFrame:
+    """Recall accuracy per run and evaluation length (slices by num_pairs, pooled over N)."""
+    rows = table(data, "slices", primary=True)
+    if "task" in rows.columns:
+        rows = rows[rows["task"] == "recall"]
+    if "slice" in rows.columns:
+        rows = rows[rows["slice"] == "num_pairs"]
+    rows = require(rows, ["model", "seq_len", "accuracy"], "recall accuracy by length (slices with seq_len)")
+    if FILLER not in rows.columns:
+        rows = rows.assign(**{FILLER: "zero"})
+    return rows.assign(**{FILLER: rows[FILLER].fillna("zero")})
+
+
+def _value(run: pd.Series, name: str, default=math.nan):
+    value = run.get(name, default)
+    return default if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def theory_lines(points: pd.DataFrame, lengths: np.ndarray) -> tuple[dict, str | None]:
+    """{(filler, model): predicted accuracy at `lengths`} for every non-softmax mixer whose runs
+    carry what the theory needs, and a note when some could not be drawn."""
+    lines, missing = {}, None
+    first = points.drop_duplicates("run_dir") if "run_dir" in points.columns else points.drop_duplicates("model")
+    for _, run in first.iterrows():
+        key = (run[FILLER], run["model"])
+        if run["model"] == "softmax" or key in lines:  # no fixed-size state: the law does not apply
+            continue
+        d_key, vocab = _value(run, "summary.d_key"), _value(run, "config.task.vocab_size")
+        d_v = _value(run, "summary.d_head")
+        n = _value(run, "config.task.num_pairs")
+        if any(isinstance(x, float) and math.isnan(x) for x in (d_key, vocab, d_v, n)):
+            missing = "theory not drawn for some runs: needs summary.d_key, summary.d_head, config.task.vocab_size, num_pairs"
+            continue
+        rate = float(_value(run, "config.task.filler_rate", 1.0)) if run[FILLER] == "random" else 0.0
+        queries = _value(run, "config.task.num_queries", None)
+        lines[key] = length_accuracy_curve(
+            lengths, num_pairs=int(n), d_key=float(d_key), value_dim=int(d_v), candidates=int(vocab - vocab // 2),
+            log_decay=float(_value(run, "summary.log_decay", 0.0)), distractor_rate=rate,
+            num_queries=queries, power_a=float(_value(run, "config.task.power_a", 0.01)))
+    return lines, missing
+
+
+@figure("length")
+def length_figure(data) -> Figure:
+    """Accuracy against evaluation length per mixer (mean and s.e. over runs), the training length
+    dotted, predicted accuracy dashed; a panel per filler layout."""
+    pts = length_points(data)
+    order = mixer_order(pts["model"])
+    colors = palette(order)
+    layouts = sorted(pts[FILLER].unique(), key=lambda f: (f != "zero", f))
+    fig, axes = new_figure(1, len(layouts), panel=(4.4, 3.4), legend=2.0, sharey=True)
+    lengths = np.unique(np.geomspace(pts["seq_len"].min(), pts["seq_len"].max(), 12).round())
+    lines, missing = theory_lines(pts, lengths)
+    for ax, layout in zip(axes, layouts):
+        part = pts[pts[FILLER] == layout]
+        sns.lineplot(part, x="seq_len", y="accuracy", hue="model", hue_order=order, palette=colors,
+                     marker="o", errorbar="se", ax=ax)
+        for (fill, model), curve in lines.items():
+            if fill == layout:
+                ax.plot(lengths, curve, ls="--", lw=1.0, color=colors[model])
+        if TRAIN_LEN in part.columns:
+            for trained in sorted(part[TRAIN_LEN].dropna().unique()):
+                ax.axvline(trained, color="0.4", lw=0.9, ls=":")
+                ax.text(trained, 0.0, f" trained at {trained:g}", fontsize="x-small", color="0.3",
+                        va="bottom", ha="left")
+        log2_axis(ax, pts["seq_len"])
+        where = "distractors (filler=random)" if layout == "random" else f"filler={layout}"
+        ax.set(ylim=(-0.02, 1.05), xlabel="evaluation length T (tokens)",
+               ylabel="recall accuracy (fraction of queries)", title=f"Recall against length, {where}")
+        if missing:
+            note(ax, missing)
+    extra = {"theory: predicted accuracy": Line2D([], [], color="0.3", ls="--"),
+             "training length": Line2D([], [], color="0.4", ls=":")}
+    legend_outside(fig, None, mixer_handles(colors) + list(extra.values()), list(colors) + list(extra))
+    return fig
