@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent  # harness/
 
 # Lowest first. Each entry is a top-level module or subpackage of harness.
 LAYERS = (
-    ("base", ("errors", "checks", "devices", "allocator")),
+    ("base", ("errors", "checks", "devices", "allocator", "memory")),
     ("ops", ("ops", "features")),
     ("hooks", ("hooks",)),
     ("layers", ("layers",)),
