@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-import harness
+from harness.outputs.load import load_run
 from harness.config.compose import compose_config
 from harness.errors import DamagedFile
 from harness.outputs import checkpoint
@@ -145,7 +145,7 @@ def test_damaged_model_file_is_one_line(finished, tmp_path, damage):
     assert "\n" not in message and str(run / "model.pt") in message and "damaged" in message
     assert isinstance(err.value, ValueError)  # bad input: exit code 2 at the command line
     with pytest.raises(DamagedFile, match="damaged"):  # and harness.load_run, which verifies through it
-        harness.load_run(run)
+        load_run(run)
 
 
 def test_sweep_redoes_a_run_whose_model_or_results_are_damaged(tmp_path):

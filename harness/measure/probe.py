@@ -299,6 +299,9 @@ def _memory_cached(model: str, d: int, seed: int, options: tuple):
     return fn(d, seed, **{k: v for k, v in options if k in named})
 
 
+_memory.cache_clear = _memory_cached.cache_clear
+
+
 def probe_row_bytes(model: str, d: int, n: int, *, candidates: int = 1024, max_queries: int = 1024,
                     min_queries: int = 1024, value_dim: Optional[int] = None, chunk: int = 4096) -> int:
     """Peak bytes of `probe_row` with these arguments, from the sizes alone (nothing is drawn):
