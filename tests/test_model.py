@@ -204,12 +204,22 @@ def test_decay_initialisation(name):
 
 
 @pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
-def test_delta_rule_writes_start_at_half_strength(name):
-    """beta = sigmoid(x W_beta) starts at 1/2 for every token (W_beta = 0 after the model's init)."""
+def test_delta_rule_starts_with_weak_equal_writes_and_an_open_gate(name):
+    """beta = sigmoid(x W_beta + b_beta) starts at BETA_START for every token and the output gate
+    silu(x W_g + b_g) at 1 (W = 0 and the biases set after the model's generic init, which zeroes
+    biases), in the model and in a mixer built alone."""
+    from harness.layers.deltanet import BETA_START
+
     model = build(name=name)
     with capture(model) as cache, torch.no_grad():
         model(tokens())
-    assert torch.equal(cache["layers.0.mixer.hook_beta"], torch.full((2, 2, 21), 0.5))
+    assert torch.allclose(cache["layers.0.mixer.hook_beta"], torch.full((2, 2, 21), BETA_START))
+    alone = resolve(name)(tiny(name=name), 0)
+    x = torch.randn(2, 5, 16)
+    for mixer in (model.layers[1].mixer, alone):
+        with torch.no_grad():
+            assert torch.allclose(torch.sigmoid(mixer.beta_proj(x)), torch.full((2, 5, 2), BETA_START))
+            assert torch.allclose(torch.nn.functional.silu(mixer.gate_proj(x)), torch.ones(2, 5, 16), atol=1e-6)
 
 
 def test_retnet_initialisation():

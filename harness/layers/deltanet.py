@@ -30,6 +30,8 @@ the Xavier-initialised W_beta, no seed of three left chance within 2,000 steps a
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,6 +44,8 @@ from harness.layers.protocol import Mixer, ProbeMemory
 from harness.layers.registry import register
 
 L2_EPS = 1e-6  # floor of |silu(q)|, |silu(k)| in the L2 normalisation
+BETA_START = 0.05  # every token's write strength at initialisation (see the module docstring)
+GATE_BIAS_START = 1.2784645  # silu(1.2784645) = 1: the output gate starts open and equal for all tokens
 
 
 def unit_rows(x: torch.Tensor) -> torch.Tensor:
@@ -59,21 +63,29 @@ class DeltaNet(Mixer):
         super().__init__(config, layer_idx)
         self.form, self.chunk_size = config.form, config.chunk_size
         C, H = config.d_model, self.n_heads
-        self.beta_proj = nn.Linear(C, H, bias=False)
-        self.gate_proj = nn.Linear(C, C, bias=False)  # silu output gate
+        self.beta_proj = nn.Linear(C, H)
+        self.gate_proj = nn.Linear(C, C)  # silu output gate
         self.out_proj = nn.Linear(C, C, bias=False)
         self.norm = HeadNorm(H, self.d_head, "rmsnorm")
         self.hook_beta = HookPoint()  # (B, H, T): the write strength of each step
         self.q_scale = self.d_qk**-0.5
-        nn.init.zeros_(self.beta_proj.weight)  # beta = 1/2 (see reset_decay_parameters)
+        self.reset_write_parameters()
+
+    @torch.no_grad()
+    def reset_write_parameters(self) -> None:
+        """Write strength and output gate start the same for every token (see the module
+        docstring): beta = BETA_START (W_beta = 0, its bias logit(BETA_START)), and the gate
+        silu(x W_g + b_g) = 1 (W_g = 0, b_g = GATE_BIAS_START)."""
+        nn.init.zeros_(self.beta_proj.weight)
+        nn.init.constant_(self.beta_proj.bias, math.log(BETA_START / (1 - BETA_START)))
+        nn.init.zeros_(self.gate_proj.weight)
+        nn.init.constant_(self.gate_proj.bias, GATE_BIAS_START)
 
     @torch.no_grad()
     def reset_decay_parameters(self) -> None:
-        """The write strength starts at beta = 1/2 for every token (W_beta = 0), as fla's
-        N(0, 0.02) initialisation nearly gives; the model's Xavier init would instead spread it
-        over (0.06, 0.94) by token, leaving some pairs barely written. The model calls this
-        after its generic init."""
-        nn.init.zeros_(self.beta_proj.weight)
+        """Called by the model after its generic (Xavier, zero-bias) init: puts back this
+        mixer's own starting point."""
+        self.reset_write_parameters()
 
     def log_decay(self, x: torch.Tensor):
         """(B, H, T) log a_t, or None (a = 1)."""
@@ -121,7 +133,7 @@ class GatedDeltaNet(DeltaNet):
 
     @torch.no_grad()
     def reset_decay_parameters(self) -> None:
-        """Mamba-2's initialisation of the decay, and beta = 1/2 (DeltaNet's)."""
+        """Mamba-2's initialisation of the decay, and DeltaNet's write strength and gate."""
         super().reset_decay_parameters()
         init_scalar_decay(self.dt_bias, self.A_log)
 
