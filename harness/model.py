@@ -57,9 +57,11 @@ class ModelConfig:
     qk_dim: Optional[int] = None  # per-head width of q and k (None: d_model / n_heads); Based's feature_dim
     chunk_size: int = 64
     eps: float = 1e-6  # denominator floor of normalised kernel attention
+    normalize: Optional[bool] = None  # kernel mixers: divide by phi(q).z; None: the mixer's default (linear: no)
     favor_features: Optional[int] = None  # None: the feature map's default m (about d ln d)
     favor_redraw: str = "never"  # never | step (redraw the random features every training step)
     gate: str = "scalar"  # mamba: scalar (Mamba-2, per head) | per_dim (GLA, per key dimension)
+    mamba_headdim: int = 8  # mamba: width of v per decay head (Mamba-2's headdim); d_head / it heads share q, k
     dropout: float = 0.0
     norm: str = "layernorm"  # block norms: layernorm | rmsnorm
     tie_embeddings: bool = False  # share the input embedding with the output head
@@ -74,7 +76,7 @@ def validate(cfg: ModelConfig) -> None:
     registry.resolve(cfg.name)  # a known name or an importable class, else one line
     if not isinstance(cfg.options, Mapping):
         checks.fail("model.options", "a mapping of keyword arguments (model.options.<name>=<value>)", cfg.options)
-    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size"):
+    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_headdim"):
         checks.integer(f"model.{field}", getattr(cfg, field))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
     checks.integer("model.favor_features", cfg.favor_features, nullable=True)
@@ -88,9 +90,14 @@ def validate(cfg: ModelConfig) -> None:
     for field in ("short_conv", "tie_embeddings"):
         checks.boolean(f"model.{field}", getattr(cfg, field))
     checks.boolean("model.rotary", cfg.rotary, nullable=True)
+    checks.boolean("model.normalize", cfg.normalize, nullable=True)
     checks.number("model.eps", cfg.eps, "(0, inf)")
     checks.number("model.dropout", cfg.dropout, "[0, 1)")
     checks.number("model.decay", cfg.decay, "(0, 1)", nullable=True)  # log(decay) must be finite and < 0
+    d_head = cfg.d_model // cfg.n_heads
+    checks.require(d_head <= cfg.mamba_headdim or d_head % cfg.mamba_headdim == 0,
+                   f"model.mamba_headdim={cfg.mamba_headdim} must divide the head width "
+                   f"model.d_model/model.n_heads = {d_head} (or be at least as wide)")
     d_qk = qk_width(cfg)
     checks.require(not (cfg.rotary and d_qk % 2),
                    f"model.rotary=true needs an even q/k width (model.qk_dim, or "

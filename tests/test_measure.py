@@ -164,6 +164,20 @@ def test_effective_weights_reproduce_the_read_out(name):
         assert torch.equal(mixer.effective_weights(hooks, rows=rows), a[:, :, rows])
 
 
+def test_mamba_decay_heads_are_measured_as_heads():
+    """With several decay heads per q/k head each is a head of the effective weights."""
+    model = tiny_model("mamba", mamba_headdim=4)  # d_head 8: 2 decay heads per q/k head
+    x = torch.randint(1, 24, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), capture(model) as cache:
+        model(x)
+    hooks = mixer_hooks(model.mixers()[0], cache, "layers.0.mixer.")
+    a = model.mixers()[0].effective_weights(hooks)
+    assert a.shape == (2, 4, 20, 20)
+    assert torch.allclose(a @ hooks["v"], hooks["out"], rtol=0, atol=1e-10)
+    out = measure_model(model, recall_batch(B=4), max_examples=4)
+    assert {r["head"] for r in out["heads"]} == {0, 1, 2, 3}
+
+
 def recall_batch(B: int = 4, T: int = 24):
     from types import SimpleNamespace
 

@@ -31,12 +31,14 @@ IGNORE = -100
 
 
 def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not on norms, biases, gains or decay rates)."""
+    """AdamW; weight decay on matrices only (not on norms, biases, gains or decay rates), and
+    never on a parameter its module marks `_no_weight_decay` (Mamba-2's dt_bias, A_log, D)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
+        decays = p.dim() >= 2 and "embed" not in name and not getattr(p, "_no_weight_decay", False)
+        (decay if decays else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": tr.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tr.lr, betas=(0.9, 0.98), eps=1e-8)
