@@ -1,9 +1,10 @@
 """Training loop: config -> task batches -> model -> metrics -> results.json.
 
-AdamW with warmup and cosine decay, gradient clipping, held-out evaluation every
-`trainer.eval_every` steps and at the end, early stop once every evaluation setting reaches
-`trainer.target_accuracy`. Training batches are generated on the device, `data_chunk` steps
-at a time in one vectorised call; the loss is read back to the host only when the progress
+AdamW with warmup and cosine decay, gradient clipping, evaluation on the validation split
+every `trainer.eval_every` steps and at the end (metrics.jsonl, early stop once every
+evaluation setting reaches `trainer.target_accuracy`), and on the test split once at the end
+(the accuracy results.json reports; `val_accuracy` beside it is what a sweep selects on).
+Training batches are generated on the device, `data_chunk` steps at a time in one vectorised call; the loss is read back to the host only when the progress
 bar refreshes, so the hot loop has no other host-device sync.
 """
 from __future__ import annotations
@@ -78,11 +79,14 @@ class EvalSet:
     seq_len: int
 
 
-def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device) -> list[EvalSet]:
+def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device, split: str = "test") -> list[EvalSet]:
+    """One held-out batch per evaluation setting, from the `split` stream: "val" is evaluated
+    during training (early stop, and the split a sweep chooses learning rates on), "test" once
+    at the end (the reported numbers)."""
     sets = []
     for i, setting in enumerate(module.eval_settings(tcfg)):
         batch = module.make_batch(setting, tr.eval_examples, seed=seed * 7919 + i,
-                                  device=device, split="test")
+                                  device=device, split=split)
         n = getattr(setting, "num_pairs", None)
         sets.append(EvalSet(name=f"{batch.slice_name}={n}" if n else f"set{i}", batch=batch,
                             seq_len=batch.inputs.shape[1]))
@@ -119,6 +123,14 @@ def evaluate(model, eval_sets: list[EvalSet], autocast, chunk: int = 256) -> dic
     loss = sum(p["loss"] for p in per_set) / len(per_set)
     return {"accuracy": accuracy, "loss": loss, "min_accuracy": min(p["accuracy"] for p in per_set),
             "settings": per_set, "slices": slices}
+
+
+def with_val_accuracy(test_slices: list[dict], val_slices: list[dict]) -> list[dict]:
+    """Test slice rows with the validation accuracy of the same (slice, value, seq_len) beside
+    them (`val_accuracy`, NaN where the validation batch has no such slice value)."""
+    val = {(r["slice"], r["value"], r["seq_len"]): r["accuracy"] for r in val_slices}
+    return [{**r, "val_accuracy": val.get((r["slice"], r["value"], r["seq_len"]), math.nan)}
+            for r in test_slices]
 
 
 def autocast_factory(device: torch.device, precision: str):
@@ -219,7 +231,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     from harness.outputs import checkpoint
     from harness.train.faults import FaultWatch, NumericalFault
 
-    started = time.time()
+    started, cpu_started = time.time(), time.process_time()
     tr = cfg.trainer
     device = select_device(tr.device)
     torch.manual_seed(cfg.seed)
@@ -228,7 +240,8 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     module, tcfg = task_config(cfg.task)
     mcfg = model_config(cfg.model)
     saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
-    eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)
+    eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)  # test: reported at the end
+    val_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device, split="val")  # during training
     max_len = max(es.seq_len for es in eval_sets)
     model = build_model(cfg).to(device)
     watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
@@ -281,9 +294,9 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                 on_step(step)
             if step % tr.eval_every == 0 or step == tr.max_steps:
                 watch.check()
-                loop.last_eval = evaluate(model, eval_sets, autocast)
+                loop.last_eval = evaluate(model, val_sets, autocast)
                 loop.eval_step = step
-                row = {"step": step, "time_s": time.time() - started,
+                row = {"step": step, "time_s": time.time() - started, "split": "val",
                        "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
                        **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}}
                 metrics.write(row)
@@ -303,23 +316,30 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                                    f"{ckpt_path} holds it: rerun the same command to resume")
         bar.close()
         watch.check()
-        step, last_eval = loop.step, loop.last_eval
+        step, val_eval = loop.step, loop.last_eval
         if loop.eval_step != step:
-            last_eval = evaluate(model, eval_sets, autocast)
+            val_eval = evaluate(model, val_sets, autocast)
+        last_eval = evaluate(model, eval_sets, autocast)  # the test split: what the run reports
         summary: dict[str, Any] = {
-            "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
+            "accuracy": last_eval["accuracy"], "loss": last_eval["loss"],
+            "val_accuracy": val_eval["accuracy"], "val_loss": val_eval["loss"], "steps": step,
             "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
             **state_summary(model, max_len),
         }
         for p in last_eval["settings"]:
             summary[f"accuracy/{p['name']}"] = p["accuracy"]
-        results["slices"] = last_eval["slices"]
+        for p in val_eval["settings"]:
+            summary[f"val_accuracy/{p['name']}"] = p["accuracy"]
+        results["slices"] = with_val_accuracy(last_eval["slices"], val_eval["slices"])
         if tr.measure:
             measured = _measure(model, eval_sets, tr.measure_examples)
             summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
             results["heads"] = measured["heads"]
             results["measure"] = measured["measure"]
         summary["wall_time_s"] = time.time() - started
+        # CPU seconds of this process (this start only): with trainer.threads=1 about the wall
+        # time the run takes on an idle core, whatever else the machine is doing.
+        summary["cpu_time_s"] = time.process_time() - cpu_started
         results["summary"] = summary
         results["env"] = env_info(str(device))
         if tr.checkpoint:
