@@ -144,16 +144,23 @@ def autocast_factory(device: torch.device, precision: str):
 
 def _measure(model, eval_sets: list[EvalSet], examples: int) -> dict[str, Any]:
     """Sharpness and SNR on the first `examples` examples of every evaluation set (the summary
-    from the first); `measure_examples` in the summary is the count actually used."""
+    from the first); `measure_examples` in the summary is the count actually used. Then the
+    crosstalk law from the model's own statistics (harness.measure.trained_theory) on the same
+    examples, added to each heads row and, for the summary's retrieval head, to the summary."""
     from harness.measure.trained import measure_model
+    from harness.measure.trained_theory import measure_trained_theory, merge_rows
 
     heads, summary, status = [], {}, {}
     for i, es in enumerate(eval_sets):
         out = measure_model(model, es.batch, max_examples=examples)
-        heads.extend(out["heads"])
-        status = status or out["measure"]
+        found_summary = out["summary"]
+        retrieval = (found_summary.get("retrieval_layer"), found_summary.get("retrieval_head"))
+        found = measure_trained_theory(model, es.batch, max_examples=examples,
+                                       retrieval=retrieval if None not in retrieval else None)
+        heads.extend(merge_rows(out["heads"], found))
+        status = status or {**out["measure"], "trained_theory": found["status"]}
         if i == 0:
-            summary = out["summary"]
+            summary = {**found_summary, **found["summary"]}
     return {"summary": summary, "heads": heads, "measure": status}
 
 
