@@ -61,7 +61,7 @@ class ModelConfig:
     favor_features: Optional[int] = None  # None: the feature map's default m (about d ln d)
     favor_redraw: str = "never"  # never | step (redraw the random features every training step)
     gate: str = "scalar"  # mamba: scalar (Mamba-2, per head) | per_dim (GLA, per key dimension)
-    mamba_headdim: int = 8  # mamba: width of v per decay head (Mamba-2's headdim); d_head / it heads share q, k
+    mamba_heads: int = 4  # mamba: decay heads per q/k head (Mamba-2's heads sharing B and C), each its own dt, A
     dropout: float = 0.0
     norm: str = "layernorm"  # block norms: layernorm | rmsnorm
     tie_embeddings: bool = False  # share the input embedding with the output head
@@ -76,7 +76,7 @@ def validate(cfg: ModelConfig) -> None:
     registry.resolve(cfg.name)  # a known name or an importable class, else one line
     if not isinstance(cfg.options, Mapping):
         checks.fail("model.options", "a mapping of keyword arguments (model.options.<name>=<value>)", cfg.options)
-    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_headdim"):
+    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_heads"):
         checks.integer(f"model.{field}", getattr(cfg, field))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
     checks.integer("model.favor_features", cfg.favor_features, nullable=True)
@@ -94,10 +94,9 @@ def validate(cfg: ModelConfig) -> None:
     checks.number("model.eps", cfg.eps, "(0, inf)")
     checks.number("model.dropout", cfg.dropout, "[0, 1)")
     checks.number("model.decay", cfg.decay, "(0, 1)", nullable=True)  # log(decay) must be finite and < 0
-    d_head = cfg.d_model // cfg.n_heads
-    checks.require(d_head <= cfg.mamba_headdim or d_head % cfg.mamba_headdim == 0,
-                   f"model.mamba_headdim={cfg.mamba_headdim} must divide the head width "
-                   f"model.d_model/model.n_heads = {d_head} (or be at least as wide)")
+    check_mixer = getattr(registry.resolve(cfg.name), "check_config", None)
+    if check_mixer is not None:  # what only this mixer requires of the config
+        check_mixer(cfg)
     d_qk = qk_width(cfg)
     checks.require(not (cfg.rotary and d_qk % 2),
                    f"model.rotary=true needs an even q/k width (model.qk_dim, or "

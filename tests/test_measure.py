@@ -151,7 +151,7 @@ def tiny_model(name: str, **kw) -> LanguageModel:
 def test_effective_weights_reproduce_the_read_out(name):
     """sum_j a_ij v_j over the hooked v equals what the op returned (hook_out)."""
     name, _, gate = name.partition("-")
-    model = tiny_model(name, gate=gate or "scalar")
+    model = tiny_model(name, gate=gate or "scalar", mamba_heads=1)
     x = torch.randint(1, 24, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), capture(model) as cache:
         model(x)
@@ -166,7 +166,7 @@ def test_effective_weights_reproduce_the_read_out(name):
 
 def test_mamba_decay_heads_are_measured_as_heads():
     """With several decay heads per q/k head each is a head of the effective weights."""
-    model = tiny_model("mamba", mamba_headdim=4)  # d_head 8: 2 decay heads per q/k head
+    model = tiny_model("mamba", mamba_heads=2)  # 2 decay heads per q/k head
     x = torch.randint(1, 24, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), capture(model) as cache:
         model(x)
@@ -195,9 +195,10 @@ def test_measure_model_tables(name):
     out = measure_model(model, recall_batch(B=6), max_examples=4)
     assert model.training  # mode restored
     heads = out["heads"]
-    assert len(heads) == 2 * 2 * 2  # layers x heads x slice values
+    H = 2 * getattr(model.mixers()[0], "per_group", 1)  # mamba: each decay head is a head
+    assert len(heads) == 2 * H * 2  # layers x heads x slice values
     assert {(r["layer"], r["head"], r["value"]) for r in heads} == {
-        (l, h, v) for l in range(2) for h in range(2) for v in (4, 8)
+        (l, h, v) for l in range(2) for h in range(H) for v in (4, 8)
     }
     keys = ["layer", "head", "slice", "value", "entropy", "norm_entropy", "eff_support", "max_weight",
             "target_weight", "target_rank", "monotonicity", "snr_measured", "snr_predicted"]

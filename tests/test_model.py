@@ -104,7 +104,7 @@ def test_causal(variant):
 @pytest.mark.parametrize(
     "variant",
     [*[dict(name=n) for n in LINEAR_FAMILIES], dict(name="mamba", gate="per_dim"), dict(name="retnet", rotary=True),
-     dict(name="mamba", mamba_headdim=4), dict(name="linear", normalize=True)],
+     dict(name="mamba", mamba_heads=2), dict(name="linear", normalize=True)],
     ids=variant_id,
 )
 def test_forms_agree(variant):
@@ -134,9 +134,10 @@ def test_hooks_do_not_change_outputs(variant):
     for layer in range(2):
         for n in names:
             assert f"layers.{layer}.mixer.{n}" in cache
-    B, H, T = 2, 2, 21
+    g = getattr(model.layers[0].mixer, "per_group", 1)  # mamba's decay heads per q/k head
+    B, H, T = 2, 2 * g, 21
     assert cache["layers.0.mixer.hook_q"].shape == (B, H, T, model.d_key)
-    assert cache["layers.0.mixer.hook_v"].shape == (B, H, T, 8)
+    assert cache["layers.0.mixer.hook_v"].shape == (B, H, T, 8 // g)
     assert cache["layers.1.hook_resid_post"].shape == (B, T, 16)
     assert all(h._sink is None for h in hook_points(model).values())  # nothing recorded outside
 
@@ -199,10 +200,10 @@ def test_decay_initialisation():
 
 
 def test_mamba_decay_heads_share_q_and_k_and_spread_their_timescales():
-    """Mamba-2's head layout: d_head / mamba_headdim decay heads per q/k head, each with its own
-    dt and A over its own slice of v; dt at init spread over [1e-3, 1e-1], one head per stratum."""
+    """Mamba-2's head layout: model.mamba_heads decay heads per q/k head, each with its own dt and
+    A over its own slice of v; dt at init spread over [1e-3, 1e-1], one head per stratum."""
     torch.manual_seed(0)
-    cfg = ModelConfig(name="mamba", d_model=32, n_heads=1, n_layers=1, mamba_headdim=4)
+    cfg = ModelConfig(name="mamba", d_model=32, n_heads=1, n_layers=1, mamba_heads=8)
     model = LanguageModel(cfg, VOCAB, MAX_T).eval()
     mixer = model.layers[0].mixer
     assert mixer.per_group == 8 and mixer.decay_head_dim == 4 and mixer.dt_bias.shape == (8,)
@@ -219,11 +220,11 @@ def test_mamba_decay_heads_share_q_and_k_and_spread_their_timescales():
     assert torch.equal(q[:, 0], q[:, 7]) and torch.equal(k[:, 0], k[:, 3])  # one q/k head for all
     assert cache["layers.0.mixer.hook_log_decay"].shape == (2, 8, 12)
     assert model.state_size() == ops.state_elements(32, 32, normalize=False)  # the split keeps the state
-    # the per-dim gate and a head no wider than mamba_headdim keep one decay head
-    assert build(name="mamba", gate="per_dim").layers[0].mixer.per_group == 1
-    assert build(name="mamba").layers[0].mixer.per_group == 1  # d_head 8 = mamba_headdim
-    with pytest.raises(ValueError, match="model.mamba_headdim=3 must divide the head width"):
-        build(name="mamba", mamba_headdim=3)
+    assert build(name="mamba", gate="per_dim").layers[0].mixer.per_group == 1  # the GLA gate: one
+    assert build(name="mamba").layers[0].mixer.per_group == 4  # the default
+    with pytest.raises(ValueError, match="model.mamba_heads=3 must divide the head width"):
+        build(name="mamba", mamba_heads=3)
+    build(name="elu", mamba_heads=3)  # only mamba's own requirement
 
 
 def test_mamba_decay_parameters_stay_out_of_weight_decay():
@@ -231,7 +232,7 @@ def test_mamba_decay_parameters_stay_out_of_weight_decay():
 
     from harness.train.loop import build_optimizer
 
-    model = build(name="mamba", mamba_headdim=4)
+    model = build(name="mamba")
     opt = build_optimizer(model, SimpleNamespace(lr=1e-3, weight_decay=0.1))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     mixer = model.layers[0].mixer

@@ -5,9 +5,12 @@ The SSD recurrence is the shared decay core with q = C, k = B, v = dt * x, log a
   S_t = exp(dt_t A_h) S_{t-1} + k_t (dt_t v_t)^T,   o_t = q_t^T S_t
 
 Heads as in Mamba-2. Each q/k head (Mamba-2's group: one B and one C, ngroups = model.n_heads)
-is shared by d_head / model.mamba_headdim *decay heads*; decay head h reads its own
-mamba_headdim-wide slice of v with its own dt and A_h, so the heads of a group hold the same
-keys over different timescales. The state is d_key x d_head per q/k head, whatever the split.
+is shared by model.mamba_heads *decay heads* (default 4); decay head h reads its own
+d_head / mamba_heads wide slice of v with its own dt and A_h, so the heads of a group hold the
+same keys over different timescales. The state is d_key x d_head per q/k head, whatever the
+split. (Mamba-2 at scale has nheads = 2 d_model / 64 heads of width 64; at the widths here, 4
+heads per group keep the spread of timescales at a cost of about 1.5 times the one-head step:
+each decay head scores its queries against the shared keys again.)
 
 dt_t = softplus(x_t W_dt + b_dt) per decay head, with b_dt set so that the heads' dt at
 initialisation spread log-uniformly over [1e-3, 1e-1] (one draw per equal-width stratum of
@@ -35,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import ops
+from harness import checks, ops
 from harness.hooks import HookPoint
 from harness.layers.parts import HeadNorm, inverse_softplus, merge_heads, split_heads
 from harness.layers.protocol import Mixer, ProbeMemory, identity_map, select_rows
@@ -47,12 +50,8 @@ GLA_GATE_TEMPERATURE = 16.0
 
 
 def decay_heads_per_group(config) -> int:
-    """Decay heads sharing one q/k head: d_head / model.mamba_headdim (1 for the per-dim gate,
-    and 1 when the head is no wider than mamba_headdim)."""
-    d_head = config.d_model // config.n_heads
-    if config.gate != "scalar" or d_head <= config.mamba_headdim:
-        return 1
-    return d_head // config.mamba_headdim
+    """Decay heads sharing one q/k head: model.mamba_heads for the scalar gate, 1 for per_dim."""
+    return config.mamba_heads if config.gate == "scalar" else 1
 
 
 def stratified_log_uniform(n: int, lo: float, hi: float) -> torch.Tensor:
@@ -66,6 +65,14 @@ class GatedDecay(Mixer):
     family = "decay"
     kernel = "identity"
     has_decay = True
+
+    @staticmethod
+    def check_config(config) -> None:
+        """model.mamba_heads must split the head's v evenly (called by harness.model.validate)."""
+        d_head = config.d_model // config.n_heads
+        checks.require(config.gate != "scalar" or d_head % config.mamba_heads == 0,
+                       f"model.mamba_heads={config.mamba_heads} must divide the head width "
+                       f"model.d_model/model.n_heads = {d_head}")
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)

@@ -30,6 +30,9 @@ them through :class:`Mixer`; an outside mixer declares what it can.
   probe_memory(d, seed)       ProbeMemory (classmethod)  mode=probe: the untrained probe
   wants_learned_positions     bool                       model.pos_emb default (learned for
                                                          softmax, none otherwise)
+  check_config(config)        staticmethod, raises       harness.model.validate: what only this
+                              ValueError (one line)      mixer requires of model.* (mamba:
+                                                         model.mamba_heads divides d_head)
   form                        str, settable              model.form / LanguageModel.set_form
 
 The harness constructs a mixer with the keyword arguments its constructor names among
