@@ -80,7 +80,8 @@ def test_capacity_chooses_the_learning_rate_on_validation_and_keeps_every_one(fr
 
     selected, per_lr = capacity_selected(frames["capacity"])
     assert set(selected["config.trainer.lr"]) == {3e-3}     # 1e-2 scores better on test, worse on val
-    assert len(per_lr) == 4 * 6 * 2 and per_lr["chosen"].sum() == 4 * 6 and (per_lr["runs"] == 2).all()
+    # per (mixer, width): the validation accuracy over every N and seed
+    assert len(per_lr) == 4 * 2 and per_lr["chosen"].sum() == 4 and (per_lr["runs"] == 2 * 6).all()
     assert (per_lr["selected_on"] == "validation").all()
     fig = capacity_figure(frames["capacity"])
     assert set(fig.tables) == {"capacity_per_lr", "capacity_n50"}

@@ -138,3 +138,34 @@ def test_measured_on_a_trained_run(tmp_path):
     assert all(np.isfinite(r["acc_predicted_trained"]) and 0 <= r["acc_predicted_trained"] <= 1 for r in rows)
     assert all(theory.predicted_snr(r["d_kernel"], r["n_eff"]) == pytest.approx(r["snr_predicted_trained"])
                for r in rows)
+
+
+def test_heads_read_out_together_are_pooled():
+    """mamba's decay heads of one q/k group share one prediction: the group's pooled sums."""
+    import torch
+
+    from harness.measure.trained_theory import SUMS, pool_heads
+
+    g = torch.Generator().manual_seed(0)
+    sums = {n: torch.rand(2, 3, 5, generator=g, dtype=torch.float64) for n in SUMS}
+    pooled = pool_heads(sums)
+    signal = (sums["kernel_target"] * sums["gain_target"]).sum(1)
+    crosstalk = (sums["kernel_other"] * sums["gain_other"]).sum(1)
+    got = pooled["kernel_target"] / pooled["kernel_other"] / (pooled["gain_other"] / pooled["gain_target"])
+    assert torch.allclose(got, signal / crosstalk)  # the group's sum_span a^2 / sum_other a^2
+    one = pool_heads({n: v[:, :1] for n, v in sums.items()})
+    assert all(torch.allclose(one[n], sums[n][:, 0]) for n in SUMS)  # one head: unchanged
+
+    from harness.model import LanguageModel, ModelConfig
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(name="mamba", d_model=16, n_heads=1, n_layers=1), 24, 32).double()
+    batch = SimpleNamespace(inputs=torch.randint(1, 24, (3, 24), generator=g), slice_name="num_pairs",
+                            target_pos=torch.full((3, 24), -1), targets=torch.full((3, 24), -100),
+                            slice_value=torch.full((3, 24), -1))
+    batch.target_pos[:, 16:] = torch.arange(1, 16, 2)
+    batch.targets[:, 16:] = batch.inputs[:, 1:16:2]
+    batch.slice_value[:, 16:] = 8
+    rows = measure_trained_theory(model, batch)["rows"]
+    assert {(l, h) for l, h, _ in rows} == {(0, h) for h in range(4)}  # the 4 decay heads
+    assert len({tuple(sorted(r.items())) for r in rows.values()}) == 1  # one read-out, one prediction

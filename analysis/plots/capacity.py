@@ -4,9 +4,11 @@ dimension, with the accuracy each mixer's trained statistics predict.
 Two x-axes, because they answer two questions. N at equal model width (one panel per
 d_model): what a model of a given size recalls. N / d_key (d_key = the state's key
 dimension: d_head for elu, m for FAVOR+, 1 + d + d^2 for taylor): what a dimension of state
-buys, the crosstalk law's own axis. Each point is the test accuracy at the learning rate
-chosen per point (mixer, width, N) on the validation split, mean and 95% bootstrap interval
-over seeds (seaborn). Dashed, in each mixer's colour: the accuracy predicted from its own
+buys, the crosstalk law's own axis. Each curve is the test accuracy of one trained model
+family, mean and 95% bootstrap interval over seeds (seaborn), at the learning rate chosen per
+(mixer, width) on the validation split, its validation accuracy averaged over the tested N
+(each N is an evaluation of the same models, trained at one N: choosing per N would stitch a
+curve out of different models). Dashed, in each mixer's colour: the accuracy predicted from its own
 trained statistics (harness.measure.trained_theory: measured d_kernel, N_eff, codebook) for
 the same runs; grey dotted on the N / d_key panel: random keys in a state of dimension d_key
 (the untrained law). The last panel keeps every learning rate's result.
@@ -26,7 +28,7 @@ from analysis.plots.common import (CI, CI_SEED, WIDTH, figure, legend_outside, l
                                    retrieval_heads, select_on_validation, table)
 from analysis.plots.reference import accuracy_curve
 
-POINT = ["model", WIDTH, "value"]
+POINT = ["model", WIDTH]  # one trained model family: the learning rate is chosen per point
 PREDICTED = "acc_predicted_trained"
 
 
@@ -54,7 +56,7 @@ def predicted_points(data: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame
     and their N; empty when the runs carry no trained-statistics columns."""
     heads = retrieval_heads(table(data, "heads"))
     if heads.empty or PREDICTED not in heads.columns:
-        return pd.DataFrame(columns=POINT + [PREDICTED, "n_over_d"])
+        return pd.DataFrame(columns=["model", WIDTH, "value", PREDICTED, "n_over_d"])
     keep = selected[["run_dir", "value", "summary.d_key"]].drop_duplicates()
     pts = heads.merge(keep, on=["run_dir", "value"], suffixes=("", "_sel"))
     if WIDTH not in pts.columns:

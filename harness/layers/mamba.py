@@ -79,6 +79,7 @@ class GatedDecay(Mixer):
         self.form, self.chunk_size, self.gate = config.form, config.chunk_size, config.gate
         C, H = config.d_model, self.n_heads
         self.per_group = decay_heads_per_group(config)  # decay heads per q/k head
+        self.heads_per_readout = self.per_group  # a group's decay heads are normed and read out together
         self.decay_head_dim = self.d_head // self.per_group
         self.gate_proj = nn.Linear(C, C, bias=False)  # silu output gate (Mamba's z)
         self.out_proj = nn.Linear(C, C, bias=False)

@@ -35,6 +35,13 @@ law and the accuracy model of harness.measure.theory with them:
                 mean over reads of theory.predicted_accuracy(sqrt(d_kernel / N_eff_i), C,
                 value_dim, P) with P the median over reads (as the untrained probe does).
 
+Heads read out together. A mixer whose read-out concatenates several heads of its effective
+weights (`heads_per_readout`: mamba's decay heads of one q/k group, each a slice of v with its
+own decay) is predicted per read-out: the group's sums are pooled (sum_h sum_span a_h^2 over
+sum_h sum_span g_h^2, and so on) and its codebook is the concatenation of the heads' values,
+so that d_kernel / N_eff is the group's sum_span a^2 / sum_other a^2. Every head of the group
+carries the group's numbers.
+
 Per read, d_kernel / N_eff_i is exactly sum_span a^2 / sum_other a^2: the SNR the weights give
 if the values were random directions. Where the measured SNR differs, the trained values are
 not (the values of other pairs share components with the answer's, or the crosstalk has
@@ -105,6 +112,18 @@ def read_sums(a: torch.Tensor, g2: torch.Tensor, target_pos: torch.Tensor, posit
         "gain_other_sq": total(g2.square(), off),
     }
     return {k: torch.where(keep, v, zero) for k, v in out.items()}
+
+
+def pool_heads(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`read_sums` of heads read out together, (B, g, T) each -> the group's (B, T): the sums of
+    a^2 and g^2 add over the heads, the kernel means are re-formed from them."""
+    gt, go = sums["gain_target"].sum(1), sums["gain_other"].sum(1)
+    st = (sums["kernel_target"] * sums["gain_target"]).sum(1)  # sum_h sum_span a^2
+    so = (sums["kernel_other"] * sums["gain_other"]).sum(1)
+    safe = lambda x: torch.where(x > 0, x, torch.ones_like(x))  # noqa: E731
+    return {"kernel_target": torch.where(gt > 0, st / safe(gt), 0.0),
+            "kernel_other": torch.where(go > 0, so / safe(go), 0.0),
+            "gain_target": gt, "gain_other": go, "gain_other_sq": sums["gain_other_sq"].sum(1)}
 
 
 def codebook_dimension(vectors: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
@@ -229,17 +248,22 @@ def measure_trained_theory(model, batch, *, max_examples: Optional[int] = None,
             continue
         labels = torch.cat([answers[b][query[b]] for b in range(query.shape[0]) if query[b].any()])
         vectors = torch.cat(value_rows, dim=1)  # (H, reads, Dv)
-        for h in range(vectors.shape[0]):
-            value_dim, _ = codebook_dimension(vectors[h], labels)
+        g = int(getattr(mixer, "heads_per_readout", 1) or 1)
+        for first in range(0, vectors.shape[0], g):
+            heads = list(range(first, first + g))
+            book = vectors[first:first + g].transpose(0, 1).reshape(vectors.shape[1], -1)  # (reads, g Dv)
+            value_dim, _ = codebook_dimension(book, labels)
+            pooled = pool_heads({n: sums[n][:, first:first + g] for n in SUMS})  # (B, T) each
             groups = [(value, query & (slice_value == value)) for value in values] + [(None, query)]
             for value, sel in groups:
-                per_read = {n: sums[n][:, h][sel].numpy() for n in SUMS}
+                per_read = {n: x[sel].numpy() for n, x in pooled.items()}
                 keep = per_read["gain_target"] > 0
                 found = predict({n: x[keep] for n, x in per_read.items()}, value_dim, candidates)
-                if value is not None:
-                    rows[(layer, h, value)] = found
-                elif retrieval == (layer, h):
-                    summary = found
+                for h in heads:
+                    if value is not None:
+                        rows[(layer, h, value)] = found
+                    elif retrieval == (layer, h):
+                        summary = found
     return {"rows": rows, "summary": summary, "status": status}
 
 
