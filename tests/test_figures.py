@@ -57,7 +57,7 @@ def _visible(fig):
 def test_capacity_draws_both_axes_and_the_trained_prediction(frames):
     fig = capacity_figure(frames["capacity"])
     panels = _visible(fig)
-    width, law = panels["equal width: d_model 32"], panels["per key dimension (all widths)"]
+    width, law = panels["capacity at equal width: d_model 32"], panels["per key dimension (all widths)"]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels[:4] == ["softmax", "elu", "favor", "retnet"]   # the failed mamba run is left out
     assert "predicted from trained statistics" in labels and "random keys, state of dim d_key" in labels

@@ -121,8 +121,11 @@ def capacity_figure(data) -> Figure:
     order = mixer_order(selected["model"])
     colors = palette(order)
     widths = sorted(selected[WIDTH].dropna().unique()) or [np.nan]
-    ncols = max(2, len(widths))
-    fig, axes = new_figure(2, ncols, panel=(3.3, 2.9), legend=1.8)
+    # one row (a panel per width, then the law's axis and the learning rates) up to two widths;
+    # more widths get a row of their own above the other two panels
+    ncols = len(widths) + 2 if len(widths) <= 2 else max(len(widths), 2)
+    nrows = 1 if len(widths) <= 2 else 2
+    fig, axes = new_figure(nrows, ncols, panel=(3.3, 3.0), legend=1.9)
     for ax, width in zip(axes, widths):
         part = selected if np.isnan(width) else selected[selected[WIDTH] == width]
         sns.lineplot(part, x="value", y="accuracy", hue="model", hue_order=order, palette=colors,
@@ -133,11 +136,13 @@ def capacity_figure(data) -> Figure:
                          ls="--", lw=1.0, errorbar=None, legend=False, ax=ax)
         log2_axis(ax, part["value"])
         ax.set(ylim=(-0.02, 1.02), xlabel="N  (stored pairs)", ylabel="recall accuracy (fraction)",
-               title="equal width" if np.isnan(width) else f"equal width: d_model {width:g}")
-    for ax in axes[len(widths):ncols]:
+               title="capacity at equal width" if np.isnan(width)
+               else f"capacity at equal width: d_model {width:g}")
+    first_free = len(widths) if nrows == 1 else ncols
+    for ax in axes[len(widths):first_free]:
         ax.set_visible(False)
 
-    law, heat = axes[ncols], axes[ncols + 1]
+    law, heat = axes[first_free], axes[first_free + 1]
     styles = None if len(widths) < 2 else WIDTH
     sns.lineplot(selected, x="n_over_d", y="accuracy", hue="model", hue_order=order, palette=colors,
                  style=styles, marker="o", errorbar=CI, seed=CI_SEED, legend=False, ax=law)
@@ -147,7 +152,7 @@ def capacity_figure(data) -> Figure:
     law.set(ylim=(-0.02, 1.02), xlabel="N / d_key  (pairs per key dimension)",
             ylabel="recall accuracy (fraction)", title="per key dimension (all widths)")
     lr_heatmap(heat, per_lr, [WIDTH], order, title="every learning rate")
-    for ax in axes[ncols + 2:]:
+    for ax in axes[first_free + 2:]:
         ax.set_visible(False)
 
     notes = [missing] if missing else []
@@ -162,6 +167,5 @@ def capacity_figure(data) -> Figure:
             line = {"dashes": dashes} if dashes else {"ls": "-"}
             extra[f"d_model {width:g} (N / d_key panel)"] = Line2D([], [], color="0.3", marker="o", **line)
     legend_outside(fig, None, mixer_handles(colors) + list(extra.values()), list(colors) + list(extra))
-    fig.suptitle("Capacity: recall against stored pairs (interference task, 1 layer)")
     fig.tables = {"capacity_per_lr": per_lr, "capacity_n50": half_capacity_table(selected, predicted)}
     return fig
