@@ -53,11 +53,17 @@ class FigureSpec:
     name: str                 # file name stem
     experiment: str | None    # sweep it reads from <results>/<experiment>; None: needs no runs
     draw: Callable
+    also: tuple[str, ...] = ()  # other sweeps whose results it draws too (run when missing)
+
+    @property
+    def experiments(self) -> tuple[str, ...]:
+        return () if self.experiment is None else (self.experiment, *self.also)
 
 
 FIGURES = (
     FigureSpec("capacity", "capacity", capacity_figure),
-    FigureSpec("snr", "snr", snr_figure),
+    # trained runs (filled) beside the untrained probe (hollow): the capacity sweep's runs
+    FigureSpec("snr", "snr", snr_figure, also=("capacity",)),
     FigureSpec("sharpness", "sharpness", sharpness_figure),
     FigureSpec("attention", "sharpness", attention_figure),  # reopens the sweep's softmax and elu runs
     FigureSpec("mqar", "mqar", mqar_figure),
@@ -107,12 +113,35 @@ def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> li
 
 
 def save_figure(fig, out_dir: Path, name: str) -> list[Path]:
-    """Write ``fig`` as ``out_dir/name.png`` and ``out_dir/name.pdf``."""
+    """Write ``fig`` as ``out_dir/name.png`` and ``out_dir/name.pdf``, and each table the
+    figure carries (``fig.tables``: every learning rate's result, fitted numbers) as
+    ``out_dir/<table>.csv`` beside it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{name}.{fmt}" for fmt in FORMATS]
     for path in paths:
         fig.savefig(path, dpi=150, bbox_inches="tight")
+    for table_name, frame in getattr(fig, "tables", {}).items():
+        if frame is not None and len(frame):
+            path = out_dir / f"{table_name}.csv"
+            frame.to_csv(path, index=False)
+            paths.append(path)
     return paths
+
+
+def load_figure_data(root: Path, spec: FigureSpec):
+    """The long frame of every sweep ``spec`` reads (its own first); NoResultsError when its
+    own sweep has none. A missing extra sweep only leaves its rows out."""
+    frames = [load_all(root / spec.experiment)]
+    for extra in spec.also:
+        try:
+            frames.append(load_all(root / extra))
+        except NoResultsError:
+            warn(f"figure {spec.name}: no results in {root / extra}; drawn without them")
+    if len(frames) == 1:
+        return frames[0]
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True, sort=False)
 
 
 def render(specs, root: Path, out_dir: Path) -> tuple[dict[str, list[Path]], list[str]]:
@@ -124,7 +153,7 @@ def render(specs, root: Path, out_dir: Path) -> tuple[dict[str, list[Path]], lis
     written, missed = {}, []
     for spec in specs:
         try:
-            fig = spec.draw() if spec.experiment is None else spec.draw(load_all(root / spec.experiment))
+            fig = spec.draw() if spec.experiment is None else spec.draw(load_figure_data(root, spec))
         except NoResultsError as err:
             warn(f"figure {spec.name} skipped: {err}")
             missed.append(spec.name)
@@ -195,7 +224,7 @@ def main(argv=None) -> int:
         chosen = {s.experiment for s in specs if s.experiment} if args.only else None
         return smoke.run(args.profile, root, out_dir, specs, smoke_grid=args.smoke_grid, only=chosen)
     if not args.results:
-        experiments = dict.fromkeys(s.experiment for s in specs if s.experiment)
+        experiments = dict.fromkeys(e for s in specs for e in s.experiments)
         run_missing_sweeps(root, experiments, args.profile)
     written, missed = render(specs, root, out_dir)
     return report(written, missed, specs, out_dir)

@@ -19,18 +19,27 @@
 # trained runs measure it per head by splitting each read-out into the target's term and
 # the rest. On log-log axes the law is the diagonal: a fitted slope of 1 and prefactor 1.
 #
-# Results come from `$HARNESS_RESULTS/snr` (default `results/quick/snr`), the sweep
-# `python -m harness -m +experiment=snr`.
+# Trained runs (filled markers) come from the capacity sweep, beside the probe (hollow); the
+# right panel lays both against the law with the kernel's own statistics (the probe's
+# kernel dimension, the trained model's measured d_kernel).
+#
+# Results come from `$HARNESS_RESULTS/snr` and `$HARNESS_RESULTS/capacity` (default
+# `results/quick/...`), the sweeps `python -m harness -m +experiment=snr` and `capacity`.
 
 # %% tags=["parameters"]
 results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/snr, else results/quick/snr
 
 # %%
 # %matplotlib inline
+import pandas as pd
+
 from analysis import params
+from analysis.loader import results_root
 from analysis.plots.snr import fit_slopes, snr_figure, snr_points
 
 results = params.results("snr", results_dir)
+if results_dir is None and (results_root() / "capacity").exists():  # the trained runs beside the probe
+    results = pd.concat([results, params.results("capacity")], ignore_index=True)
 results.groupby("table").size()
 
 # %% [markdown]
@@ -41,7 +50,7 @@ probe = results[results["table"] == "probe"]
 probe.filter(items=["model", "d", "n", "snr_measured", "snr_predicted", "acc_measured", "acc_predicted"])
 
 # %% [markdown]
-# Fitted slope and prefactor of log measured on log predicted, per source and mixer.
+# Fitted slope and prefactor of log measured on log predicted, per panel, source and mixer.
 
 # %%
 points = snr_points(results)

@@ -57,9 +57,11 @@ class ModelConfig:
     qk_dim: Optional[int] = None  # per-head width of q and k (None: d_model / n_heads); Based's feature_dim
     chunk_size: int = 64
     eps: float = 1e-6  # denominator floor of normalised kernel attention
+    normalize: Optional[bool] = None  # kernel mixers: divide by phi(q).z; None: the mixer's default (linear: no)
     favor_features: Optional[int] = None  # None: the feature map's default m (about d ln d)
     favor_redraw: str = "never"  # never | step (redraw the random features every training step)
     gate: str = "scalar"  # mamba: scalar (Mamba-2, per head) | per_dim (GLA, per key dimension)
+    mamba_heads: int = 4  # mamba: decay heads per q/k head (Mamba-2's heads sharing B and C), each its own dt, A
     dropout: float = 0.0
     norm: str = "layernorm"  # block norms: layernorm | rmsnorm
     tie_embeddings: bool = False  # share the input embedding with the output head
@@ -79,7 +81,7 @@ def validate(cfg: ModelConfig) -> None:
         key = next(iter(cfg.options))
         raise ValueError(f"model.options.{key}: the built-in mixer {cfg.name!r} takes no options "
                          "(its settings are model.* keys); model.options is for outside mixers")
-    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size"):
+    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_heads"):
         checks.integer(f"model.{field}", getattr(cfg, field))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
     checks.integer("model.favor_features", cfg.favor_features, nullable=True)
@@ -96,9 +98,13 @@ def validate(cfg: ModelConfig) -> None:
     for field in ("short_conv", "tie_embeddings"):
         checks.boolean(f"model.{field}", getattr(cfg, field))
     checks.boolean("model.rotary", cfg.rotary, nullable=True)
+    checks.boolean("model.normalize", cfg.normalize, nullable=True)
     checks.number("model.eps", cfg.eps, "(0, inf)")
     checks.number("model.dropout", cfg.dropout, "[0, 1)")
     checks.number("model.decay", cfg.decay, "(0, 1)", nullable=True)  # log(decay) must be finite and < 0
+    check_mixer = getattr(registry.resolve(cfg.name), "check_config", None)
+    if check_mixer is not None:  # what only this mixer requires of the config
+        check_mixer(cfg)
     d_qk = qk_width(cfg)
     checks.require(not (cfg.rotary and d_qk % 2),
                    f"model.rotary=true needs an even q/k width (model.qk_dim, or "

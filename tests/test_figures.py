@@ -54,44 +54,118 @@ def test_figure_renders_with_labelled_axes_and_a_legend(name, frames):
     assert fig.legends or colorbars, "a figure legend (or a heatmap's colour bar)"
 
 
-def test_capacity_plots_each_mixer_against_n_over_d_with_theory(frames):
+def _visible(fig):
+    return {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+
+
+def test_capacity_draws_both_axes_and_the_trained_prediction(frames):
     fig = capacity_figure(frames["capacity"])
-    ax = fig.axes[0]
+    panels = _visible(fig)
+    width, law = panels["capacity at equal width: d_model 32"], panels["per key dimension (all widths)"]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels[:4] == ["softmax", "elu", "favor", "retnet"]   # the failed mamba run is left out
-    assert "theory: sqrt(d/N), right axis" in labels
+    assert "predicted from trained statistics" in labels and "random keys, state of dim d_key" in labels
     colors = palette(labels[:4])
-    measured = {model: [line.get_xdata() for line in ax.lines if line.get_color() == colors[model]
-                        and line.get_linestyle() == "-" and len(line.get_xdata())]
-                for model in colors}
+
+    def lines(ax, model, style):
+        return [line.get_xdata() for line in ax.lines if line.get_color() == colors[model]
+                and line.get_linestyle() == style and len(line.get_xdata())]
+
     n = np.array([4, 8, 16, 32, 64, 128])
-    np.testing.assert_allclose(measured["elu"][0], n / 16)
-    np.testing.assert_allclose(measured["favor"][0], n / 44)
-    dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
-    assert {line.get_color() for line in dashed} == {colors["elu"], colors["favor"], colors["retnet"]}
-    # SNR on the right axis: the law itself, sqrt(d/N) (up to N - 1 for N >> 1).
-    twin = fig.axes[1]
-    x, snr = twin.lines[0].get_xdata(), twin.lines[0].get_ydata()
-    np.testing.assert_allclose(snr[-1], 1 / np.sqrt(x[-1]), rtol=0.01)
+    np.testing.assert_allclose(lines(width, "elu", "-")[0], n)          # N at equal width
+    np.testing.assert_allclose(lines(width, "favor", "--")[0], n)       # its trained prediction
+    np.testing.assert_allclose(lines(law, "elu", "-")[0], n / 16)       # N / d_key
+    np.testing.assert_allclose(lines(law, "favor", "-")[0], n / 44)
+    assert any(line.get_linestyle() == ":" and line.get_color() == "0.45" for line in law.lines)
 
 
-def test_snr_slopes_are_fitted_per_mixer_and_source(frames):
+def test_capacity_chooses_the_learning_rate_on_validation_and_keeps_every_one(frames):
+    from analysis.plots.capacity import capacity_selected
+
+    selected, per_lr = capacity_selected(frames["capacity"])
+    assert set(selected["config.trainer.lr"]) == {3e-3}     # 1e-2 scores better on test, worse on val
+    # per (mixer, width): the validation accuracy over every N and seed
+    assert len(per_lr) == 4 * 2 and per_lr["chosen"].sum() == 4 and (per_lr["runs"] == 2 * 6).all()
+    assert (per_lr["selected_on"] == "validation").all()
+    fig = capacity_figure(frames["capacity"])
+    assert set(fig.tables) == {"capacity_per_lr", "capacity_n50"}
+    half = fig.tables["capacity_n50"].set_index("model")
+    # the fixture's trained statistics predict half the measured capacity
+    for model in ("elu", "favor", "retnet"):
+        assert half.loc[model, "ratio"] == pytest.approx(0.5, rel=0.05), model
+    assert half.loc["softmax", "n50_measured"] == np.inf
+
+
+def test_half_point():
+    from analysis.plots.capacity import half_point
+
+    assert half_point([4, 8, 16], [1.0, 0.75, 0.25]) == pytest.approx(8 * 2 ** 0.5)
+    assert half_point([4, 8], [0.9, 0.8]) == np.inf and np.isnan(half_point([4, 8], [0.4, 0.1]))
+
+
+def test_capacity_without_the_trained_statistics_says_so(frames):
+    no_heads = frames["capacity"][frames["capacity"]["table"] != "heads"]
+    texts = " ".join(t.get_text() for ax in capacity_figure(no_heads).axes for t in ax.texts)
+    assert "no trained-statistics prediction" in texts
+
+
+def test_snr_trained_runs_beside_the_probe_in_both_panels(frames):
     pts = snr_points(frames["snr"])
-    assert set(pts["source"]) == {"untrained probe", "trained, per head"}  # summary not counted twice
-    fits = fit_slopes(pts).set_index(["source", "model"])
+    assert set(pts["source"]) == {"untrained probe", "trained"}  # summary not counted twice
+    assert set(pts["panel"]) == {"nominal", "own"}
+    fits = fit_slopes(pts).set_index(["panel", "source", "model"])
     for model in ("linear", "elu", "favor"):
-        assert fits.loc[("untrained probe", model), "slope"] == pytest.approx(1.0, abs=0.1)
-    trained = fits.loc[("trained, per head", "elu")]
+        assert fits.loc[("nominal", "untrained probe", model), "slope"] == pytest.approx(1.0, abs=0.1)
+    trained = fits.loc[("nominal", "trained", "elu")]
     assert trained["slope"] == pytest.approx(1.0) and trained["prefactor"] == pytest.approx(0.7)
+    assert fits.loc[("own", "trained", "elu"), "prefactor"] == pytest.approx(0.7 / 0.8)
+    fig = figures.snr_figure(frames["snr"])
+    filled = [c for ax in fig.axes for c in ax.collections if c.get_facecolor().size and
+              c.get_facecolor()[0][3] > 0]
+    hollow = [c for ax in fig.axes for c in ax.collections if not c.get_facecolor().size or
+              c.get_facecolor()[0][3] == 0]
+    assert filled and hollow
 
 
-def test_mqar_takes_the_best_learning_rate(frames):
+def test_mqar_takes_the_learning_rate_chosen_on_validation(frames):
     best = best_over_lr(mqar_points(frames["mqar"]))
     assert len(best) == 3 * 3 * 3                             # mixers x widths x (seq_len, pairs)
     assert (best["best_lr"] == 3e-3).all()                    # the fixture's lr 1e-3 is 10% worse
     fig = figures.mqar_figure(frames["mqar"])
-    titles = sorted(ax.get_title() for ax in fig.axes if ax.get_visible())
+    titles = sorted(t for t in _visible(fig) if t.startswith("seq_len"))
     assert titles == ["seq_len 128, 16 pairs", "seq_len 64, 4 pairs", "seq_len 64, 8 pairs"]
+    trend = fig.tables["mqar_width_trend"]
+    assert not trend["loses_with_width"].any()                # every fixture mixer gains with width
+
+
+def test_width_trend_flags_a_loss_beyond_the_interval():
+    from analysis.plots.mqar import width_trend
+
+    rows = pd.DataFrame({"model": "m", "seq_len": 64, "pairs": 8,
+                         "config.model.d_model": [32, 32, 32, 64, 64, 64],
+                         "accuracy": [0.50, 0.55, 0.52, 0.10, 0.12, 0.08]})
+    trend = width_trend(rows).set_index("config.model.d_model")
+    assert not trend.loc[32, "loses_with_width"] and trend.loc[64, "loses_with_width"]
+    assert trend.loc[32, "low"] <= trend.loc[32, "mean"] <= trend.loc[32, "high"]
+    noisy = rows.assign(accuracy=[0.5, 0.1, 0.9, 0.45, 0.2, 0.7])  # within each other's interval
+    assert not width_trend(noisy)["loses_with_width"].any()
+
+
+def test_interval_is_a_bootstrap_of_the_mean():
+    from analysis.plots.common import interval
+
+    mean, lo, hi = interval([0.1, 0.2, 0.3, 0.4])
+    assert mean == pytest.approx(0.25) and 0.1 <= lo < mean < hi <= 0.4
+    assert interval([0.5, 0.5]) == (0.5, 0.5, 0.5) and np.isnan(interval([0.5])[1])
+
+
+def test_induction_bars_take_the_validation_choice(frames):
+    fig = figures.induction_figure(frames["induction"])
+    bars = _visible(fig)["Induction accuracy per mixer"].patches
+    runs = frames["induction"][frames["induction"]["table"] == "runs"]
+    chosen = runs[runs["config.trainer.lr"] == 3e-3].groupby("model")["summary.accuracy"].mean()
+    assert [b.get_height() for b in bars] == pytest.approx([chosen[m] for m in ("softmax", "elu", "mamba")])
+    assert fig.tables["induction_per_lr"]["chosen"].sum() == 3
 
 
 def test_sharpness_bars_follow_the_retrieval_head(frames):
@@ -243,8 +317,8 @@ def test_figures_not_drawn_exit_1_and_are_named(tree, tmp_path, capsys):
     code = figures.main(["--results", str(partial), "--out", str(tmp_path / "figs")])
     assert code == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last == ("python -m analysis.figures: 4 figure(s) not drawn: sharpness, mqar, induction, cost "
-                    "(see the warnings above)")
+    assert last == ("python -m analysis.figures: 9 figure(s) not drawn: sharpness, attention, mqar, induction, "
+                    "cost, length, needle, frontier, forgetting (see the warnings above)")
 
 
 def test_smoke_discovers_experiments_from_the_files():
@@ -255,9 +329,9 @@ def test_smoke_discovers_experiments_from_the_files():
     assert smoke.experiments("paper") == files
     params = smoke.sweep_params("paper", "mqar")
     assert params["model.d_model"] == ["64", "128", "256", "512"]
-    assert smoke.job_count(params, "all") == 7 * 4 * 3 * 3 * 4
+    assert smoke.job_count(params, "all") == 7 * 4 * 3 * 3 * 4 * 5  # ... x learning rates x seeds
     assert smoke.grid_overrides(params, "last") == ["model.d_model=512", "task.seq_len=512",
-                                                    "task.num_pairs=64", "trainer.lr=1e-2"]
+                                                    "task.num_pairs=32", "trainer.lr=1e-2", "seed=4"]
 
 
 def test_smoke_runs_each_experiment_through_the_launcher_and_prices_it(tree, tmp_path, monkeypatch, capsys):
@@ -282,7 +356,7 @@ def test_smoke_runs_each_experiment_through_the_launcher_and_prices_it(tree, tmp
     assert all("trainer.max_steps=1" in c and "trainer.device=cpu" in c for c in calls)
     estimate = json.loads((root / smoke.COST_FILE).read_text())
     capacity = estimate["experiments"]["capacity"]
-    assert capacity["jobs"] == 63 and capacity["steps_per_job"] == 20000
+    assert capacity["jobs"] == 7 * 3 * 3 * 5 and capacity["steps_per_job"] == 20000
     out = capsys.readouterr().out
     assert "expected cost of the full paper profile" in out and "capacity" in out
 

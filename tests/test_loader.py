@@ -18,21 +18,22 @@ def cases(tmp_path_factory) -> dict[str, Path]:
 
 def test_multirun_gives_one_row_per_run_in_job_order(tree):
     runs = load_results(tree / "capacity")
-    assert len(runs) == 9                                    # 4 mixers x 2 seeds + 1 failed
+    assert len(runs) == 17                                   # 4 mixers x 2 seeds x 2 lrs + 1 failed
     assert list(runs.columns[:6]) == ["run_dir", "mode", "status", "error", "task", "model"]
-    assert [Path(d).name for d in runs["run_dir"]] == [str(i) for i in range(9)]
-    assert runs["status"].value_counts().to_dict() == {"ok": 8, "failed": 1}
+    assert [Path(d).name for d in runs["run_dir"]] == [str(i) for i in range(17)]
+    assert runs["status"].value_counts().to_dict() == {"ok": 16, "failed": 1}
     assert set(runs["task"]) == {"interference"}
     elu = runs[runs["model"] == "elu"]
-    assert elu["config.seed"].tolist() == [0, 1]
-    assert elu["config.model.d_model"].tolist() == [32, 32]
+    assert elu["config.seed"].tolist() == [0, 0, 1, 1]       # the seed and lr columns of each run
+    assert elu["config.trainer.lr"].tolist() == [3e-3, 1e-2, 3e-3, 1e-2]
+    assert elu["config.model.d_model"].tolist() == [32, 32, 32, 32]
     assert (elu["summary.d_key"] == 16).all()
     assert pd.api.types.is_float_dtype(runs["summary.accuracy"])
 
 
 def test_slices_rows_carry_their_run(tree):
     slices = load_results(tree / "capacity", "slices")
-    assert len(slices) == 8 * 6                              # the failed run has no slices
+    assert len(slices) == 16 * 6                             # the failed run has no slices
     wanted = {"run_dir", "model", "slice", "value", "accuracy", "config.seed", "summary.d_key"}
     assert wanted <= set(slices.columns)
     first = json.loads((tree / "capacity" / "0" / "results.json").read_text())

@@ -151,7 +151,7 @@ def tiny_model(name: str, **kw) -> LanguageModel:
 def test_effective_weights_reproduce_the_read_out(name):
     """sum_j a_ij v_j over the hooked v equals what the op returned (hook_out)."""
     name, _, gate = name.partition("-")
-    model = tiny_model(name, gate=gate or "scalar")
+    model = tiny_model(name, gate=gate or "scalar", mamba_heads=1)
     x = torch.randint(1, 24, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), capture(model) as cache:
         model(x)
@@ -165,6 +165,20 @@ def test_effective_weights_reproduce_the_read_out(name):
         assert part.shape == (2, 2, 3, 20)
         torch.testing.assert_close(part, a[:, :, rows], rtol=0, atol=1e-13)
         assert torch.allclose(part @ hooks["v"], hooks["out"][:, :, rows], rtol=0, atol=1e-10)
+
+
+def test_mamba_decay_heads_are_measured_as_heads():
+    """With several decay heads per q/k head each is a head of the effective weights."""
+    model = tiny_model("mamba", mamba_heads=2)  # 2 decay heads per q/k head
+    x = torch.randint(1, 24, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), capture(model) as cache:
+        model(x)
+    hooks = mixer_hooks(model.mixers()[0], cache, "layers.0.mixer.")
+    a = model.mixers()[0].effective_weights(hooks)
+    assert a.shape == (2, 4, 20, 20)
+    assert torch.allclose(a @ hooks["v"], hooks["out"], rtol=0, atol=1e-10)
+    out = measure_model(model, recall_batch(B=4), max_examples=4)
+    assert {r["head"] for r in out["heads"]} == {0, 1, 2, 3}
 
 
 def recall_batch(B: int = 4, T: int = 24):
@@ -184,13 +198,14 @@ def test_measure_model_tables(name):
     out = measure_model(model, recall_batch(B=6), max_examples=4)
     assert model.training  # mode restored
     heads = out["heads"]
-    assert len(heads) == 2 * 2 * 2  # layers x heads x slice values
+    H = 2 * getattr(model.mixers()[0], "per_group", 1)  # mamba: each decay head is a head
+    assert len(heads) == 2 * H * 2  # layers x heads x slice values
     assert {(r["layer"], r["head"], r["value"]) for r in heads} == {
-        (l, h, v) for l in range(2) for h in range(2) for v in (4, 8)
+        (l, h, v) for l in range(2) for h in range(H) for v in (4, 8)
     }
     keys = ["layer", "head", "slice", "value", "seq_len", "entropy", "norm_entropy", "eff_support", "max_weight",
             "target_weight", "target_rank", "monotonicity", "snr_measured", "snr_predicted"]
-    decay = ["log_decay"] if name == "mamba" else []
+    decay = ["log_decay"] if name in ("mamba", "gated_deltanet") else []
     for r in heads:
         assert list(r) == keys + decay and r["slice"] == "num_pairs" and r["seq_len"] == 24
         for k in keys[5:] + decay:

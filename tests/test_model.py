@@ -30,6 +30,9 @@ VARIANTS = [
     dict(name="mamba", gate="per_dim", qk_dim=4),
     dict(name="gated_deltanet", qk_dim=4, rotary=True),
     dict(name="swa", window=5),  # T = 21 spans several windows
+    # the kernel mixers' other denominator policy (linear divides, elu does not)
+    dict(name="linear", normalize=True),
+    dict(name="elu", normalize=False),
 ]
 
 
@@ -102,7 +105,8 @@ def test_causal(variant):
 
 @pytest.mark.parametrize(
     "variant",
-    [*[dict(name=n) for n in LINEAR_FAMILIES], dict(name="mamba", gate="per_dim"), dict(name="retnet", rotary=True)],
+    [*[dict(name=n) for n in LINEAR_FAMILIES], dict(name="mamba", gate="per_dim"), dict(name="retnet", rotary=True),
+     dict(name="mamba", mamba_heads=2), dict(name="linear", normalize=True)],
     ids=variant_id,
 )
 def test_forms_agree(variant):
@@ -134,9 +138,10 @@ def test_hooks_do_not_change_outputs(variant):
     for layer in range(2):
         for n in names:
             assert f"layers.{layer}.mixer.{n}" in cache
-    B, H, T = 2, 2, 21
+    g = getattr(model.layers[0].mixer, "per_group", 1)  # mamba's decay heads per q/k head
+    B, H, T = 2, 2 * g, 21
     assert cache["layers.0.mixer.hook_q"].shape == (B, H, T, model.d_key)
-    assert cache["layers.0.mixer.hook_v"].shape == (B, H, T, 8)
+    assert cache["layers.0.mixer.hook_v"].shape == (B, H, T, 8 // g)
     assert cache["layers.1.hook_resid_post"].shape == (B, T, 16)
     assert all(h._sink is None for h in hook_points(model).values())  # nothing recorded outside
 
@@ -226,6 +231,69 @@ def test_retnet_initialisation():
     retnet = LanguageModel(ModelConfig(name="retnet", d_model=16, n_heads=4), VOCAB, MAX_T).layers[0].mixer
     gammas = torch.exp(retnet.log_gamma)
     assert torch.allclose(gammas, 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64)))
+
+
+def test_mamba_decay_heads_share_q_and_k_and_spread_their_timescales():
+    """Mamba-2's head layout: model.mamba_heads decay heads per q/k head, each with its own dt and
+    A over its own slice of v; dt at init spread over [1e-3, 1e-1], one head per stratum."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="mamba", d_model=32, n_heads=1, n_layers=1, mamba_heads=8)
+    model = LanguageModel(cfg, VOCAB, MAX_T).eval()
+    mixer = model.layers[0].mixer
+    assert mixer.per_group == 8 and mixer.decay_head_dim == 4 and mixer.dt_bias.shape == (8,)
+    log_dt = torch.log(torch.nn.functional.softplus(mixer.dt_bias.double()))
+    strata = ((log_dt - math.log(1e-3)) / (math.log(1e-1) - math.log(1e-3)) * 8).floor()
+    assert sorted(strata.tolist()) == list(range(8))  # one decay head in each eighth of log dt
+    # W_dt keeps torch's default Linear init (uniform +-1/sqrt(C)), not the model's Xavier init
+    assert mixer.dt_proj.weight.abs().max() <= 32**-0.5
+    assert abs(mixer.dt_proj.weight.std().item() - (3 * 32) ** -0.5) < 0.02
+    with torch.no_grad(), capture(model) as cache:
+        model(tokens(T=12))
+    q, k, v = (cache[f"layers.0.mixer.hook_{n}"] for n in ("q", "k", "v"))
+    assert q.shape == (2, 8, 12, 32) and v.shape == (2, 8, 12, 4)
+    assert torch.equal(q[:, 0], q[:, 7]) and torch.equal(k[:, 0], k[:, 3])  # one q/k head for all
+    assert cache["layers.0.mixer.hook_log_decay"].shape == (2, 8, 12)
+    assert model.state_size() == ops.state_elements(32, 32, normalize=False)  # the split keeps the state
+    assert build(name="mamba", gate="per_dim").layers[0].mixer.per_group == 1  # the GLA gate: one
+    assert build(name="mamba").layers[0].mixer.per_group == 4  # the default
+    with pytest.raises(ValueError, match="model.mamba_heads=3 must divide the head width"):
+        build(name="mamba", mamba_heads=3)
+    build(name="elu", mamba_heads=3)  # only mamba's own requirement
+
+
+def test_mamba_decay_parameters_stay_out_of_weight_decay():
+    from types import SimpleNamespace
+
+    from harness.train.loop import build_optimizer
+
+    model = build(name="mamba")
+    opt = build_optimizer(model, SimpleNamespace(lr=1e-3, weight_decay=0.1))
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    mixer = model.layers[0].mixer
+    assert id(mixer.A_log) not in decayed and id(mixer.dt_bias) not in decayed
+    assert id(mixer.dt_proj.weight) in decayed and id(mixer.qkv_proj.weight) in decayed
+
+
+def test_kernel_denominator_policy():
+    """linear reads unnormalised with a per-head output norm (fla's default); the positive maps
+    divide by phi(q).z (Katharopoulos, Based); model.normalize flips either."""
+    x = tokens()
+    linear, divided = build(name="linear"), build(name="linear", normalize=True)
+    assert not linear.layers[0].mixer.normalize and linear.layers[0].mixer.norm is not None
+    assert divided.layers[0].mixer.normalize and divided.layers[0].mixer.norm is None
+    assert not linear.layers[0].mixer.positive_denominator  # no denominator to keep positive
+    elu, plain = build(name="elu"), build(name="elu", normalize=False)
+    assert elu.layers[0].mixer.positive_denominator and not plain.layers[0].mixer.positive_denominator
+    d = 8
+    assert linear.state_size() == 2 * 2 * ops.state_elements(d, d, normalize=False)  # no z kept
+    assert divided.state_size() == 2 * 2 * ops.state_elements(d, d, normalize=True)
+    with torch.no_grad(), capture(linear) as cache:
+        linear(x)
+    q, k, v = (cache[f"layers.0.mixer.hook_{n}"].double() for n in ("q", "k", "v"))
+    o = torch.tril(q @ k.transpose(-1, -2)) @ v  # the plain linear memory S^T q, undivided
+    assert torch.allclose(o, cache["layers.0.mixer.hook_out"].double(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="model.normalize"):
+        build(name="linear", normalize="yes")
 
 
 def test_retnet_decay_sets_one_gamma_for_every_head():

@@ -101,3 +101,32 @@ def test_experiment_files_compose():
         for combo in _grid(params):
             cfg = compose_config([f"+experiment={name}", *combo])
             assert cfg.mode in ("train", "probe", "cost")
+
+
+TRAINED_EXPERIMENTS = ("capacity", "mqar", "induction", "sharpness")
+
+
+@pytest.mark.parametrize("profile", ["quick", "paper"])
+@pytest.mark.parametrize("name", TRAINED_EXPERIMENTS)
+def test_trained_experiments_sweep_seeds_and_every_setting_is_valid(profile, name):
+    """Trained figures run several seeds (quick >= 2, paper 5), and every combination of the
+    task settings a sweep crosses composes and validates (no job fails for its grid)."""
+    import itertools
+    from pathlib import Path
+
+    import yaml
+
+    from harness.config.validate import validate_config
+
+    conf = Path(__file__).resolve().parents[1] / "harness" / "conf" / "experiment"
+    path = conf / (f"{name}.yaml" if profile == "quick" else f"paper/{name}.yaml")
+    params = yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]
+    values = {key: str(value).split(",") for key, value in params.items()}
+    assert len(values["seed"]) >= (2 if profile == "quick" else 5)
+    assert "trainer.lr" in values  # every learning rate's result is kept, the choice on validation
+    varied = [k for k in values if k.startswith(("task.", "model.d_model"))]
+    experiment = name if profile == "quick" else f"paper/{name}"
+    for combo in itertools.product(*(values[k] for k in varied)):
+        overrides = [f"+experiment={experiment}", f"model={values['model'][0]}",
+                     *(f"{k}={v}" for k, v in zip(varied, combo))]
+        validate_config(compose_config(overrides))

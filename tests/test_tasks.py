@@ -75,14 +75,19 @@ def test_determinism_in_seed_and_split(name):
     assert not torch.equal(a.inputs, test.inputs)
     # train seed 2s+1 and test seed s never share a stream
     assert not torch.equal(module.make_batch(cfg, 8, seed=7).inputs, test.inputs)
+    # the validation split is a third stream, disjoint from both, and as deterministic
+    val = module.make_batch(cfg, 8, seed=3, split="val")
+    assert torch.equal(val.inputs, module.make_batch(cfg, 8, seed=3, split="val").inputs)
+    for other in (a, test, module.make_batch(cfg, 8, seed=6), module.make_batch(cfg, 8, seed=6, split="test")):
+        assert not torch.equal(val.inputs, other.inputs)
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_call_argument_errors(name):
     module = get_task(name)
     cfg = module.Config()
-    with pytest.raises(ValueError, match="unknown split 'val'"):
-        module.make_batch(cfg, 2, seed=0, split="val")
+    with pytest.raises(ValueError, match="unknown split 'validation'; valid: train, test, val"):
+        module.make_batch(cfg, 2, seed=0, split="validation")
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         module.make_batch(cfg, 0, seed=0)
     with pytest.raises(ValueError, match="seed must be an integer"):

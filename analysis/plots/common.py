@@ -15,6 +15,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullLocator
 
 from analysis.loader import NoResultsError, load_all
@@ -22,6 +23,10 @@ from analysis.loader import NoResultsError, load_all
 # Fixed colours per mixer, so that a mixer looks the same in every figure.
 MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
 _COLORS = sns.color_palette("colorblind", 10)
+
+SEED, LR, WIDTH = "config.seed", "config.trainer.lr", "config.model.d_model"
+CI = ("ci", 95)          # seaborn's 95% bootstrap interval over runs (seeds): errorbar=CI
+CI_SEED = 0              # its resampling seed, so that a figure redraws identically
 
 
 class MissingData(Exception):
@@ -98,6 +103,80 @@ def retrieval_heads(rows: pd.DataFrame) -> pd.DataFrame:
     chosen = (rows["layer"] == rows[layer]) & (rows["head"] == rows[head])
     unnamed = rows[layer].isna() | rows[head].isna()
     return rows[chosen | unnamed]
+
+
+def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "accuracy",
+                         val: str = "val_accuracy") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per point, the rows (every seed) of the learning rate with the best mean validation score.
+
+    rows: one row per run (or per run and slice) with the ``point`` columns, the learning rate
+    (config.trainer.lr), ``test`` and ``val``. The learning rate is chosen on ``val`` averaged
+    over seeds, never on the reported ``test``; results without a validation column (written
+    before the split existed) are chosen on ``test``, and the table says so.
+
+    Returns (selected rows, per-lr table). The table has one row per point and learning rate:
+    the mean validation and test score, the number of runs, and ``chosen``.
+    """
+    rows = rows.copy()
+    if LR not in rows.columns:
+        rows[LR] = np.nan
+    chosen_on = val if val in rows.columns and rows[val].notna().any() else test
+    keys = list(point) + [LR]
+    table = (rows.groupby(keys, dropna=False)
+             .agg(val_score=(chosen_on, "mean"), test_score=(test, "mean"), runs=(test, "size"))
+             .reset_index())
+    best = table.loc[table.groupby(list(point), dropna=False)["val_score"].idxmax(), keys]
+    table["chosen"] = table.set_index(keys).index.isin(best.set_index(keys).index)
+    table["selected_on"] = "validation" if chosen_on == val else "test (no validation split)"
+    picked = rows.merge(best, on=keys, how="inner")
+    return picked.reset_index(drop=True), table
+
+
+def interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its percentile bootstrap interval (scipy.stats.bootstrap);
+    the interval is the value itself when the values agree, NaN with fewer than two."""
+    from scipy import stats
+
+    x = np.asarray(pd.Series(values).dropna(), dtype=float)
+    if x.size == 0:
+        return (np.nan, np.nan, np.nan)
+    mean = float(x.mean())
+    if x.size < 2:
+        return (mean, np.nan, np.nan)
+    if np.ptp(x) == 0:
+        return (mean, mean, mean)
+    res = stats.bootstrap((x,), np.mean, confidence_level=confidence, method="percentile",
+                          n_resamples=2000, random_state=CI_SEED)
+    return (mean, float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+def lr_heatmap(ax, table: pd.DataFrame, columns: list[str], order: list[str], *, title: str) -> None:
+    """Mean validation score per mixer (rows) and learning rate (columns, with ``columns``
+    before it), the chosen learning rates outlined: every learning rate's result kept."""
+    cols = [c for c in columns if c in table.columns] + [LR]
+    grid = table.groupby(["model"] + cols, dropna=False)["val_score"].mean().unstack(cols)
+    grid = grid.reindex([m for m in order if m in grid.index])
+    labels = [", ".join(_short(c, v) for c, v in zip(cols, key if isinstance(key, tuple) else (key,)))
+              for key in grid.columns]
+    sns.heatmap(grid, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis", cbar=False,
+                annot_kws={"fontsize": "x-small"}, xticklabels=labels, ax=ax)
+    share = table.groupby(["model"] + cols, dropna=False)["chosen"].mean().unstack(cols)
+    share = share.reindex(grid.index)[grid.columns]
+    for i in range(share.shape[0]):
+        for j in range(share.shape[1]):
+            if share.iat[i, j] > 0:  # chosen (for some of the points in this cell)
+                ax.add_patch(Rectangle((j + 0.04, i + 0.06), 0.92, 0.88, fill=False, edgecolor="red",
+                                       lw=0.6 + 1.6 * share.iat[i, j]))
+    on = table["selected_on"].iat[0] if "selected_on" in table.columns and len(table) else "validation"
+    ax.set(xlabel="learning rate (per setting)", ylabel="mixer (name)",
+           title=f"{title}\n(mean {on.split()[0][:3]}. accuracy; red: chosen)")
+    ax.tick_params(axis="x", labelrotation=45, labelsize="x-small")
+    ax.tick_params(axis="y", labelrotation=0)
+
+
+def _short(column: str, value) -> str:
+    name = {LR: "lr", WIDTH: "d"}.get(column, column.split(".")[-1])
+    return f"{name} {value:g}" if isinstance(value, (int, float, np.number)) else f"{name} {value}"
 
 
 def mixer_order(names) -> list[str]:

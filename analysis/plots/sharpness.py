@@ -1,8 +1,11 @@
 """Sharpness: how concentrated each mixer's effective attention weights are.
 
-Softmax can put almost all weight on one key; a bounded positive feature map smears it.
-Read from the heads table (one row per layer, head and slice), else from run summaries;
-the bars follow each run's retrieval head, the dots show every head.
+Softmax can put almost all weight on one key; a bounded positive feature map smears it
+(Hedgehog's ordering: softmax sharpest and most monotone in q.k, elu+1 and FAVOR+ smeared,
+Taylor between). Read from the heads table (one row per layer, head and slice), else from run
+summaries; the bars follow each run's retrieval head (mean and 95% bootstrap interval over
+seeds), the dots show every head. Runs are those of the learning rate chosen per mixer on the
+validation split (summary.val_accuracy); the last panel keeps every learning rate's result.
 """
 from __future__ import annotations
 
@@ -10,13 +13,15 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from analysis.plots.common import (MissingData, figure, legend_outside, log2_axis, mixer_order,
-                                   new_figure, palette, retrieval_heads, table)
+from analysis.plots.common import (CI, CI_SEED, LR, MissingData, figure, legend_outside, log2_axis, lr_heatmap,
+                                   mixer_order, new_figure, palette, retrieval_heads, select_on_validation,
+                                   table)
 
 # (column, axis label), the first column present wins for each panel.
 ENTROPY = (("norm_entropy", "entropy H / log(prefix)  (1 = uniform)"),
            ("entropy", "attention entropy H (nats)"))
 TARGET = (("target_weight", "weight on answer span (fraction)"),)
+MONOTONE = (("monotonicity", "monotonicity: Spearman of a_ij on q.k (rank corr.)"),)
 SLICE_LABELS = {"num_pairs": "N (stored pairs)", "distance": "key-query distance (tokens)"}
 
 
@@ -44,7 +49,13 @@ def sharpness_figure(data) -> Figure:
     """Entropy and weight on the correct key per mixer, and the weight on the correct key
     against the slice variable (N or distance) when the heads cover several values."""
     rows = sharpness_rows(data)
-    metrics = [m for m in (_metric(rows, ENTROPY), _metric(rows, TARGET)) if m]
+    runs = table(data, "runs")
+    per_lr = pd.DataFrame()
+    if {"run_dir", "model", "summary.accuracy"} <= set(runs.columns) and "run_dir" in rows.columns:
+        chosen, per_lr = select_on_validation(runs, ["model"], test="summary.accuracy",
+                                              val="summary.val_accuracy")
+        rows = rows[rows["run_dir"].isin(set(chosen["run_dir"]))]
+    metrics = [m for m in (_metric(rows, ENTROPY), _metric(rows, TARGET), _metric(rows, MONOTONE)) if m]
     if not metrics:
         raise MissingData("sharpness rows hold neither entropy nor target_weight")
     order = mixer_order(rows["model"])
@@ -52,11 +63,13 @@ def sharpness_figure(data) -> Figure:
     focus = retrieval_heads(rows)
     by_value = ("value" in focus.columns and focus["value"].nunique() > 1
                 and _metric(focus, TARGET) is not None)
-    fig, axes = new_figure(1, len(metrics) + by_value, panel=(3.2, 3.2), legend=1.0 if by_value else 0.0)
+    with_lr = not per_lr.empty and per_lr[LR].notna().any()  # runs that name their learning rate
+    fig, axes = new_figure(1, len(metrics) + by_value + with_lr, panel=(3.2, 3.2),
+                           legend=1.0 if by_value else 0.0)
 
     for ax, (column, label) in zip(axes, metrics):
         sns.barplot(focus, x="model", y=column, hue="model", order=order, hue_order=order,
-                    palette=colors, errorbar="sd", alpha=0.6, legend=False, ax=ax)
+                    palette=colors, errorbar=CI, seed=CI_SEED, alpha=0.6, legend=False, ax=ax)
         sns.stripplot(rows, x="model", y=column, hue="model", order=order, hue_order=order,
                       palette=colors, size=3, jitter=0.15, legend=False, ax=ax)
         ax.set(xlabel="mixer", ylabel=label)
@@ -64,14 +77,18 @@ def sharpness_figure(data) -> Figure:
         if column in ("norm_entropy", "target_weight"):
             ax.set_ylim(0, 1.05)
     which = "retrieval head" if len(focus) < len(rows) else "all heads"
-    fig.suptitle(f"Attention sharpness per mixer\n(bars: {which}, mean and s.d.; dots: every head)")
+    fig.suptitle(f"Attention sharpness per mixer\n(bars: {which}, mean and 95% bootstrap interval "
+                 "over seeds; dots: every head)")
+    if with_lr:
+        lr_heatmap(axes[len(metrics) + by_value], per_lr, [], order, title="every learning rate")
+    fig.tables = {"sharpness_per_lr": per_lr}
 
     if by_value:
-        ax = axes[-1]
+        ax = axes[len(metrics)]
         slice_name = focus["slice"].mode().iat[0] if "slice" in focus.columns else None
         part = focus[focus["slice"] == slice_name] if slice_name else focus
         sns.lineplot(part, x="value", y="target_weight", hue="model", hue_order=order,
-                     palette=colors, marker="o", errorbar="se", ax=ax)
+                     palette=colors, marker="o", errorbar=CI, seed=CI_SEED, ax=ax)
         log2_axis(ax, part["value"])
         ax.set(ylim=(0, 1.05), xlabel=SLICE_LABELS.get(slice_name, str(slice_name)),
                ylabel="weight on answer span (fraction)", title=which)

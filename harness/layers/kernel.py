@@ -4,13 +4,26 @@ o_i = phi(q_i)^T S_i / phi(q_i)^T z_i with S_i = sum_{j<=i} phi(k_j) v_j^T, z_i 
 computed by ops.linear_attention in the configured form (chunk for training; parallel and
 recurrent give the same numbers). One class per feature map (harness.features):
 
-  linear  identity          m = d      (exact, hand-checkable; the denominator can change sign)
+  linear  identity          m = d      (exact, hand-checkable; unnormalised by default, below)
   elu     elu(x) + 1        m = d      (Katharopoulos et al. 2020)
   favor   FAVOR+            m features (Performer); phi(q).phi(k) estimates exp(q.k / sqrt(d))
   taylor  [1, x, x(x)x/sqrt2]  m = 1 + d + d^2; phi(q).phi(k) = 1 + s + s^2/2, s = q.k / sqrt(d)
 
 favor and taylor approximate exp, so q and k are scaled by d^-1/4 *before* the feature map:
 their product then carries softmax's 1/sqrt(d) temperature.
+
+The denominator (`model.normalize`; None: the mixer's own default). The positive maps divide
+by phi(q).z (z > 0, so the read-out is a weighted mean of values), as Katharopoulos et al.,
+the Performer and Based (Zoology divides with eps = 1e-12) do. The identity map does not by
+default: q.z has no sign for unconstrained q and k, and in training about half of the
+denominators sat at or below zero with |q.z| / (|q| sum|k_j|) below 0.01 for one read in
+twenty, so the read-out was amplified 10-100 fold (|o| up to ~10^3), the clipped gradients
+were dominated by those reads and the 1-layer capacity model stayed at chance (0.00 at every
+N). `linear` is therefore fla's LinearAttention default: o = phi(q)^T S with no division,
+and a per-head RMSNorm on the read-out (fla's output_norm) to hold its scale, the plain
+linear memory that the crosstalk law sqrt(d/N) and the untrained probe describe. With
+`model.normalize=true` it is Zoology's and Based's divided form (eps = model.eps); with
+`model.normalize=false` the positive maps read unnormalised with the same output norm.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ import torch
 from torch import nn
 
 from harness import features, ops
-from harness.layers.parts import merge_heads
+from harness.layers.parts import HeadNorm, merge_heads
 from harness.layers.protocol import Mixer, ProbeMemory
 from harness.layers.registry import register
 
@@ -33,10 +46,17 @@ class KernelAttention(Mixer):
     core = "linear"
     feature = kernel = "identity"  # harness.features name; also the kernel theory.kernel_effective_dim knows
     exp_kernel = False       # the map estimates exp(q.k): inputs scaled by d^-1/4
+    feature_is_positive = False  # phi > 0: the denominator phi(q).z is positive
+    normalize_by_default = False  # divide by phi(q).z unless model.normalize says otherwise
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
         self.form, self.chunk_size, self.eps = config.form, config.chunk_size, config.eps
+        self.normalize = self.normalize_by_default if config.normalize is None else bool(config.normalize)
+        # The fault check holds phi(q).z > 0 only where a denominator is taken and must be positive.
+        self.positive_denominator = self.normalize and self.feature_is_positive
+        # Without the division nothing bounds the read-out: a per-head RMSNorm holds it (fla).
+        self.norm = None if self.normalize else HeadNorm(self.n_heads, self.d_head, "rmsnorm")
         self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.input_scale = self.d_qk**-0.25 if self.exp_kernel else 1.0
         self.phi = self.make_feature_map(config, layer_idx)
@@ -59,29 +79,31 @@ class KernelAttention(Mixer):
         k = self.hook_k(self.phi(k, is_query=False))
         v = self.hook_v(v)
         o = ops.linear_attention(
-            q, k, v, form=self.form, causal=True, normalize=True, eps=self.eps, chunk_size=self.chunk_size
+            q, k, v, form=self.form, causal=True, normalize=self.normalize, eps=self.eps, chunk_size=self.chunk_size
         )  # (B, H, T, D)
         o = self.hook_out(o)
+        if self.norm is not None:
+            o = self.norm(o)
         return self.out_proj(merge_heads(o))
 
     def state_size(self, sequence_length: int = 2048) -> int:
-        """S (m x d_head) and the normaliser z (m) per head, whatever the length."""
-        return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=True)
+        """S (m x d_head), and the normaliser z (m) when it divides, per head, whatever the length."""
+        return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=self.normalize)
 
     def effective_weights(self, hooks, rows=None) -> torch.Tensor:
-        return ops.linear_weights(hooks["q"], hooks["k"], causal=True, normalize=True, eps=self.eps,
-                                  rows=rows)  # (B, H, R, T)
+        return ops.linear_weights(hooks["q"], hooks["k"], causal=True, normalize=self.normalize,
+                                  eps=self.eps, rows=rows)  # (B, H, R, T)
 
     @classmethod
     def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
-        """Random keys through this feature map; read normalised where phi is positive (the
-        identity map's denominator crosses zero for random keys: it is read as the plain
-        linear memory S^T q that sqrt(d/N) describes)."""
+        """Random keys through this feature map, read as the mixer reads by default: divided by
+        phi(q).z for the positive maps, the plain linear memory S^T q (that sqrt(d/N)
+        describes) for the identity map."""
         phi = features.feature_map(cls.feature, d, seed=seed)
         scale = d**-0.25 if cls.exp_kernel else 1.0
         return ProbeMemory(read="state", phi_k=lambda x: phi(x * scale, is_query=False),
                            phi_q=lambda x: phi(x * scale, is_query=True),
-                           d_key=features.feature_dim(cls.feature, d), normalize=cls.positive_denominator)
+                           d_key=features.feature_dim(cls.feature, d), normalize=cls.normalize_by_default)
 
 
 @register("linear")
@@ -92,13 +114,13 @@ class LinearAttention(KernelAttention):
 @register("elu")
 class EluAttention(KernelAttention):
     feature = kernel = "elu1"
-    positive_denominator = True
+    feature_is_positive = normalize_by_default = True
 
 
 @register("taylor")
 class TaylorAttention(KernelAttention):
     feature = kernel = "taylor"
-    positive_denominator = True
+    feature_is_positive = normalize_by_default = True
     exp_kernel = True
 
 
@@ -109,7 +131,7 @@ class FavorAttention(KernelAttention):
     redraw) is what the state_dict keeps; `model.favor_redraw=step` redraws every step."""
 
     feature = kernel = "favor"
-    positive_denominator = True
+    feature_is_positive = normalize_by_default = True
     exp_kernel = True
 
     def make_feature_map(self, config, layer_idx: int):

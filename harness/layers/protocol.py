@@ -29,9 +29,16 @@ them through :class:`Mixer`; an outside mixer declares what it can.
   hook_beta
   effective_weights(hooks,    (B, H, R, T) tensor        sharpness and the read-out split
     rows=None)                                           (signal against crosstalk)
+  heads_per_readout           int (default 1)            trained-statistics theory: that many
+                                                         consecutive heads of effective_weights
+                                                         are concatenated into one read-out
+                                                         (mamba's decay heads of a q/k group)
   probe_memory(d, seed)       ProbeMemory (classmethod)  mode=probe: the untrained probe
   wants_learned_positions     bool                       model.pos_emb default (learned for
                                                          softmax, none otherwise)
+  check_config(config)        staticmethod, raises       harness.model.validate: what only this
+                              ValueError (one line)      mixer requires of model.* (mamba:
+                                                         model.mamba_heads divides d_head)
   form                        str, settable              model.form / LanguageModel.set_form
 
 The harness constructs a mixer with the keyword arguments its constructor names among
@@ -120,6 +127,7 @@ class Mixer(nn.Module):
     positive_denominator: bool = False
     wants_learned_positions: bool = False
     has_decay: bool = False
+    heads_per_readout: int = 1  # consecutive effective-weight heads read out together
     init_by_model: bool = True  # the language model's Xavier / unit-embedding init applies
 
     def __init__(self, config, layer_idx: int) -> None:

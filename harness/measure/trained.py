@@ -5,7 +5,7 @@ q, k, v (and log_decay) exactly as they were fed to the op; the mixer's own
 `effective_weights` turns them into a_ij with the matching ops.*_weights function:
 
   softmax       a_ij = softmax_j(q_i.k_j / sqrt(d))
-  kernel        a_ij = phi(q_i).phi(k_j) / sum_l phi(q_i).phi(k_l)     (normalised)
+  kernel        a_ij = phi(q_i).phi(k_j) / sum_l phi(q_i).phi(k_l)     (normalised; linear: undivided)
   retnet/mamba  a_ij = q_i . (prod_{j<s<=i} a_s) k_j                    (decay-weighted, unnormalised)
 
 so that o_i = sum_j a_ij v_j reproduces the op's read-out (hook_out).

@@ -16,7 +16,7 @@ import torch
 IGNORE = -100      # target value where there is no loss (torch's cross_entropy default)
 PAD = 0            # token 0 is never a key, value or trigger: it is the filler/padding token
 NO_SLICE = -1      # slice_value and target_pos where there is no label
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "val")  # val: the split learning rates are chosen on; test is reported
 
 
 class Batch(NamedTuple):
@@ -134,13 +134,18 @@ def as_config(cls: type[C], cfg: object, task: str) -> C:
 # seeded sampling, vectorised over the batch
 
 def make_generator(seed: int, split: str, device: torch.device | str) -> torch.Generator:
-    """A generator for (seed, split): train and test draw from disjoint streams.
+    """A generator for (seed, split): train, test and val draw from disjoint streams.
 
-    The stream number 2*seed + split is injective in (seed, split), so no train seed ever
-    reproduces a test batch. Batches are identical for identical (seed, split, device); a CPU
-    and a CUDA generator give different (equally valid) batches for the same seed.
+    Train and test use stream 2*seed + (0 or 1), which is injective in (seed, split) below
+    2**63; val uses 2**63 + seed (torch seeds take 64 bits), above every train or test stream.
+    So no seed of one split ever reproduces a batch of another, and adding val left the train
+    and test batches of every seed as they were. Batches are identical for identical (seed,
+    split, device); a CPU and a CUDA generator give different (equally valid) batches.
     """
-    stream = (2 * seed + SPLITS.index(split)) % (2**63)
+    if split == "val":
+        stream = 2**63 + seed % (2**63)
+    else:
+        stream = (2 * seed + SPLITS.index(split)) % (2**63)
     gen = torch.Generator(device=torch.device(device))
     gen.manual_seed(stream)
     return gen

@@ -1,9 +1,10 @@
 """Training loop: config -> task batches -> model -> metrics -> results.json.
 
-AdamW with warmup and cosine decay, gradient clipping, held-out evaluation every
-`trainer.eval_every` steps and at the end, early stop once every evaluation setting reaches
-`trainer.target_accuracy`. Training batches are generated on the device, `data_chunk` steps
-at a time in one vectorised call; the loss is read back to the host only when the progress
+AdamW with warmup and cosine decay, gradient clipping, evaluation on the validation split
+every `trainer.eval_every` steps and at the end (metrics.jsonl, early stop once every
+evaluation setting reaches `trainer.target_accuracy`), and on the test split once at the end
+(the accuracy results.json reports; `val_accuracy` beside it is what a sweep selects on).
+Training batches are generated on the device, `data_chunk` steps at a time in one vectorised call; the loss is read back to the host only when the progress
 bar refreshes, so the hot loop has no other host-device sync.
 """
 from __future__ import annotations
@@ -33,12 +34,14 @@ IGNORE = -100
 
 
 def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not on norms, biases, gains or decay rates)."""
+    """AdamW; weight decay on matrices only (not on norms, biases, gains or decay rates), and
+    never on a parameter its module marks `_no_weight_decay` (Mamba-2's dt_bias, A_log, D)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
+        decays = p.dim() >= 2 and "embed" not in name and not getattr(p, "_no_weight_decay", False)
+        (decay if decays else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": tr.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tr.lr, betas=(0.9, 0.98), eps=1e-8)
@@ -96,14 +99,16 @@ def setting_names(settings: list) -> list[str]:
     return [",".join(f"{f}={r[f]:g}" if isinstance(r[f], float) else f"{f}={r[f]}" for f in fields) for r in rows]
 
 
-def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device) -> list[EvalSet]:
+def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device, split: str = "test") -> list[EvalSet]:
     """One held-out batch of `trainer.eval_examples` examples per evaluation setting of the task
-    (its eval_settings: test N x test lengths, say)."""
+    (its eval_settings: test N x test lengths, say), from the `split` stream: "val" is evaluated
+    during training (early stop, and the split a sweep chooses learning rates on), "test" once
+    at the end (the reported numbers)."""
     settings = module.eval_settings(tcfg)
     sets = []
     for i, (setting, name) in enumerate(zip(settings, setting_names(settings))):
         batch = module.make_batch(setting, tr.eval_examples, seed=seed * 7919 + i,
-                                  device=device, split="test")
+                                  device=device, split=split)
         sets.append(EvalSet(name=name, batch=batch, seq_len=batch.inputs.shape[1]))
     return sets
 
@@ -208,6 +213,14 @@ def evaluate(model, eval_sets: list[EvalSet], autocast, *, tokens: int = 1 << 14
             "settings": per_set, "slices": slices}
 
 
+def with_val_accuracy(test_slices: list[dict], val_slices: list[dict]) -> list[dict]:
+    """Test slice rows with the validation accuracy of the same (slice, value, seq_len) beside
+    them (`val_accuracy`, NaN where the validation batch has no such slice value)."""
+    val = {(r["slice"], r["value"], r["seq_len"]): r["accuracy"] for r in val_slices}
+    return [{**r, "val_accuracy": val.get((r["slice"], r["value"], r["seq_len"]), math.nan)}
+            for r in test_slices]
+
+
 def autocast_factory(device: torch.device, precision: str):
     enabled = precision == "bf16"
 
@@ -219,16 +232,23 @@ def autocast_factory(device: torch.device, precision: str):
 
 def _measure(model, eval_sets: list[EvalSet], examples: int) -> dict[str, Any]:
     """Sharpness and SNR on the first `examples` examples of every evaluation set (the summary
-    from the first); `measure_examples` in the summary is the count actually used."""
+    from the first); `measure_examples` in the summary is the count actually used. Then the
+    crosstalk law from the model's own statistics (harness.measure.trained_theory) on the same
+    examples, added to each heads row and, for the summary's retrieval head, to the summary."""
     from harness.measure.trained import measure_model
+    from harness.measure.trained_theory import measure_trained_theory, merge_rows
 
     heads, summary, status = [], {}, {}
     for i, es in enumerate(eval_sets):
         out = measure_model(model, es.batch, max_examples=examples)
-        heads.extend(out["heads"])
-        status = status or out["measure"]
+        found_summary = out["summary"]
+        retrieval = (found_summary.get("retrieval_layer"), found_summary.get("retrieval_head"))
+        found = measure_trained_theory(model, es.batch, max_examples=examples,
+                                       retrieval=retrieval if None not in retrieval else None)
+        heads.extend(merge_rows(out["heads"], found))
+        status = status or {**out["measure"], "trained_theory": found["status"]}
         if i == 0:
-            summary = out["summary"]
+            summary = {**found_summary, **found["summary"]}
     return {"summary": summary, "heads": heads, "measure": status}
 
 
@@ -329,7 +349,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     from harness.train.faults import FaultWatch, NumericalFault
     from harness.train.memory import check_training
 
-    started, t0 = time.time(), time.perf_counter()
+    started, t0, cpu_started = time.time(), time.perf_counter(), time.process_time()
     tr = cfg.trainer
     eval_tokens = check_training(cfg)  # before any allocation: refused, or evaluation in pieces that fit
     if eval_tokens < tr.eval_tokens:
@@ -342,9 +362,12 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     module, tcfg = task_config(cfg.task)
     mcfg = model_config(cfg.model)
     saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
-    eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)
+    eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)  # test: reported at the end
+    val_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device, split="val")  # during training
     max_len = max(es.seq_len for es in eval_sets)
-    periodic = periodic_sets(eval_sets, train_length(module, tcfg))
+    # validation at the training length, every eval_every steps: what early stopping watches
+    # and what a sweep chooses learning rates on (val_accuracy in the summary)
+    periodic = periodic_sets(val_sets, train_length(module, tcfg))
     model = build_model(cfg).to(device)
     watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
@@ -400,7 +423,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                 watch.check()
                 loop.last_eval = evaluate(model, periodic, autocast, tokens=eval_tokens)
                 loop.eval_step = step
-                row = {"step": step, "time_s": time.time() - started,
+                row = {"step": step, "time_s": time.time() - started, "split": "val",
                        "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
                        **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}}
                 metrics.write(row)
@@ -421,18 +444,24 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                                    f"{ckpt_path} holds it: rerun the same command to resume")
         bar.close()
         watch.check()
-        step = loop.step
-        # every setting, the longer ones too, and each one's peak memory
+        step, val_eval = loop.step, loop.last_eval
+        if loop.eval_step != step:
+            val_eval = evaluate(model, periodic, autocast, tokens=eval_tokens)
+        # the test split, every setting, the longer ones too, and each one's peak memory: what
+        # the run reports
         last_eval = evaluate(model, eval_sets, autocast, tokens=eval_tokens, memory=True)
         summary: dict[str, Any] = {
-            "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "steps": step,
+            "accuracy": last_eval["accuracy"], "loss": last_eval["loss"],
+            "val_accuracy": val_eval["accuracy"], "val_loss": val_eval["loss"], "steps": step,
             "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
             "step_time_s": clock.seconds_per_step(),
             **state_summary(model, max_len),
         }
         for p in last_eval["settings"]:
             summary[f"accuracy/{p['name']}"] = p["accuracy"]
-        results["slices"] = last_eval["slices"]
+        for p in val_eval["settings"]:
+            summary[f"val_accuracy/{p['name']}"] = p["accuracy"]
+        results["slices"] = with_val_accuracy(last_eval["slices"], val_eval["slices"])
         results["settings"] = last_eval["settings"]
         summary["eval_peak_mem_bytes"] = max(p["peak_mem_bytes"] for p in last_eval["settings"])
         if tr.measure:
@@ -444,6 +473,9 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
             results["measure"] = measured["measure"]
         summary["setup_time_s"] = setup_s  # this process's, before its first step
         summary["wall_time_s"] = time.time() - started
+        # CPU seconds of this process (this start only): with trainer.threads=1 about the wall
+        # time the run takes on an idle core, whatever else the machine is doing.
+        summary["cpu_time_s"] = time.process_time() - cpu_started
         results["summary"] = summary
         results["env"] = env_info(str(device))
         if tr.checkpoint:  # its checksum goes into results.json (checkpoint.load_model verifies it)

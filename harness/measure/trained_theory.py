@@ -1,0 +1,272 @@
+"""The crosstalk law evaluated with a trained model's own statistics.
+
+`harness.measure.trained` predicts a trained head's SNR as sqrt(d_key / N_eff) with d_key the
+state's nominal key dimension, the number random keys would give. This module measures instead
+what the law needs from the model's own keys and queries, at the reads the task scores (the
+query positions, target = the answer span, as in harness.measure.trained), and evaluates the
+law and the accuracy model of harness.measure.theory with them:
+
+  kernel        kappa_ij = phi(q_i).phi(k_j), the similarity the mixer scores position j with
+                (q_i.k_j for retnet and mamba, exp(q.k / sqrt(d)) for softmax). Read off the
+                effective weights: a_ij g_j = kappa_ij g_ij / den_i, where g_ij is the survival
+                weight of write j at read i (trained.decay_gain_sq: 1 without decay, the decay
+                product for retnet, times the write scale dt_j for mamba, whose hooked v is
+                already dt-scaled) and den_i a per-read normaliser that cancels below.
+  d_kernel      the kernel's effective dimension, the trained analogue of
+                theory.kernel_effective_dim's kappa(k,k)^2 / E kappa(k,k')^2 with the model's
+                own query in place of the stored key: the decay-weighted mean of kappa^2 on the
+                answer span over that on the other writes,
+                  d_kernel = sum_i [sum_{j in span} a_ij^2 / sum_{j in span} g_ij^2]
+                           / sum_i [sum_{j not in span} a_ij^2 / sum_{j not in span} g_ij^2].
+                Random keys through the identity map give d; elu+1 about 2 (the untrained
+                probe's numbers); a sharp trained kernel gives more.
+  N_eff         the decay-weighted count of other writes, per read
+                sum_{j not in span} g_ij^2 / sum_{j in span} g_ij^2 (as in trained.py); its
+                participation P = (sum g^2)^2 / sum g^4 over the other writes.
+  codebook      the values the task can answer with: candidates C = the distinct target
+                tokens of the batch; the value vectors of the written answers (hooked v at the
+                answer position, divided by dt for mamba), averaged per target token, are the
+                codebook, and value_dim is its effective dimension, the participation ratio
+                (tr S)^2 / tr S^2 of its covariance corrected for the finite number of entries
+                ((tr S)^2 / (tr S^2 - (tr S)^2 / C): C random directions in R^d give d, not
+                d / (1 + d / C)), capped at the head's value width.
+  predicted     snr_predicted_trained = sqrt(d_kernel / N_eff) (theory.predicted_snr, N_eff
+                pooled as a ratio of sums, like the measured SNR); acc_predicted_trained = the
+                mean over reads of theory.predicted_accuracy(sqrt(d_kernel / N_eff_i), C,
+                value_dim, P) with P the median over reads (as the untrained probe does).
+
+Heads read out together. A mixer whose read-out concatenates several heads of its effective
+weights (`heads_per_readout`: mamba's decay heads of one q/k group, each a slice of v with its
+own decay) is predicted per read-out: the group's sums are pooled (sum_h sum_span a_h^2 over
+sum_h sum_span g_h^2, and so on) and its codebook is the concatenation of the heads' values,
+so that d_kernel / N_eff is the group's sum_span a^2 / sum_other a^2. Every head of the group
+carries the group's numbers.
+
+Per read, d_kernel / N_eff_i is exactly sum_span a^2 / sum_other a^2: the SNR the weights give
+if the values were random directions. Where the measured SNR differs, the trained values are
+not (the values of other pairs share components with the answer's, or the crosstalk has
+structure the law ignores); where acc_predicted_trained differs from the measured accuracy,
+the read-out is decoded by more than a nearest-codebook match of this one head.
+
+Known answer: random keys on the sphere, each query equal to its stored key, written into the
+model's state in place of what its projection computes, give the untrained probe's d_kernel,
+snr_kernel and acc_kernel (harness.measure.probe; tests/test_trained_theory.py).
+
+Cost: one forward pass under `capture`, then per example and layer the (H, R, T) effective
+weights of its R query rows, on the first `max_examples` examples (trainer.measure_examples).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+
+from harness.hooks import capture
+from harness.layers.protocol import lacks, mixer_hooks
+from harness.measure import theory
+from harness.measure.trained import answer_span, decay_gain_sq, span_mask
+
+COLUMNS = ("d_kernel", "n_eff", "pairs", "value_dim", "candidates", "snr_predicted_trained",
+           "acc_predicted_trained")
+SUMS = ("kernel_target", "kernel_other", "gain_target", "gain_other", "gain_other_sq")
+
+
+def _field(batch, name: str):
+    return batch[name] if isinstance(batch, dict) else getattr(batch, name)
+
+
+def read_sums(a: torch.Tensor, g2: torch.Tensor, target_pos: torch.Tensor, positions: torch.Tensor,
+              span: int) -> dict[str, torch.Tensor]:
+    """Per-read sums the law needs, each (..., R) float64.
+
+    a: (..., R, T) effective weights on unit-scale values (a_ij times the write scale);
+    g2: (..., R, T) squared survival weights g_ij^2 (zero above each read's position);
+    target_pos: (..., R), -1 for rows without a target; positions: (R,) the reads' positions.
+
+      kernel_target  sum_{j in span} a_ij^2 / sum_{j in span} g_ij^2   (mean kappa^2 on the answer)
+      kernel_other   sum_{j not in span} a_ij^2 / sum_{j not in span} g_ij^2   (... on the rest)
+      gain_target, gain_other, gain_other_sq   sum g^2 on the span, sum g^2 and sum g^4 off it
+    Rows without a target, or whose span or crosstalk holds no surviving write, are 0.
+    """
+    a2, g2 = a.to(torch.float64).square(), g2.to(torch.float64)
+    T = a.shape[-1]
+    prefix = torch.arange(T, device=a.device) <= positions.to(a.device).unsqueeze(-1)  # (R, T)
+    on = span_mask(target_pos.to(a.device), T, span) & prefix  # (..., R, T)
+    off = prefix & ~on
+    zero = torch.zeros((), dtype=torch.float64, device=a.device)
+
+    def total(x, mask):
+        return torch.where(mask, x, zero).sum(-1)
+
+    gt, go = total(g2, on), total(g2, off)
+    keep = (target_pos.to(a.device) >= 0) & (gt > 0) & (go > 0)
+    safe = lambda x: torch.where(keep, x, torch.ones_like(x))  # noqa: E731
+    out = {
+        "kernel_target": total(a2, on) / safe(gt),
+        "kernel_other": total(a2, off) / safe(go),
+        "gain_target": gt,
+        "gain_other": go,
+        "gain_other_sq": total(g2.square(), off),
+    }
+    return {k: torch.where(keep, v, zero) for k, v in out.items()}
+
+
+def pool_heads(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`read_sums` of heads read out together, (B, g, T) each -> the group's (B, T): the sums of
+    a^2 and g^2 add over the heads, the kernel means are re-formed from them."""
+    gt, go = sums["gain_target"].sum(1), sums["gain_other"].sum(1)
+    st = (sums["kernel_target"] * sums["gain_target"]).sum(1)  # sum_h sum_span a^2
+    so = (sums["kernel_other"] * sums["gain_other"]).sum(1)
+    safe = lambda x: torch.where(x > 0, x, torch.ones_like(x))  # noqa: E731
+    return {"kernel_target": torch.where(gt > 0, st / safe(gt), 0.0),
+            "kernel_other": torch.where(go > 0, so / safe(go), 0.0),
+            "gain_target": gt, "gain_other": go, "gain_other_sq": sums["gain_other_sq"].sum(1)}
+
+
+def codebook_dimension(vectors: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
+    """(effective dimension, entries) of the codebook: `vectors` (n, D) averaged per label.
+
+    The participation ratio of the entries' covariance, (tr S)^2 / tr S^2, with the finite-C
+    correction tr S^2 - (tr S)^2 / C (module docstring), capped at D; NaN with < 3 entries.
+    """
+    labels = labels.long()
+    uniq, inverse = torch.unique(labels, return_inverse=True)
+    C, D = uniq.numel(), vectors.shape[-1]
+    if C < 3:
+        return math.nan, C
+    v = vectors.to(torch.float64)
+    sums = torch.zeros(C, D, dtype=torch.float64).index_add_(0, inverse, v)
+    counts = torch.zeros(C, dtype=torch.float64).index_add_(0, inverse, torch.ones_like(inverse, dtype=torch.float64))
+    book = sums / counts[:, None]
+    book = book - book.mean(0, keepdim=True)
+    cov = book.T @ book / C  # (D, D)
+    tr, tr2 = float(torch.trace(cov)), float((cov * cov).sum())
+    excess = tr2 - tr * tr / C
+    if tr <= 0:
+        return math.nan, C
+    dim = tr * tr / excess if excess > 0 else float(D)
+    return float(min(dim, D)), C
+
+
+def predict(sums: dict[str, np.ndarray], value_dim: float, candidates: int) -> dict[str, float]:
+    """d_kernel, N_eff, P and the predicted SNR and accuracy from per-read sums (1-D arrays of
+    the reads of one group, rows without a target already dropped)."""
+    kt, ko = sums["kernel_target"], sums["kernel_other"]
+    gt, go, go2 = sums["gain_target"], sums["gain_other"], sums["gain_other_sq"]
+    nan = {c: math.nan for c in COLUMNS}
+    if kt.size == 0 or ko.sum() <= 0 or gt.sum() <= 0:
+        return {**nan, "value_dim": value_dim, "candidates": candidates}
+    d_kernel = float(kt.sum() / ko.sum())
+    n_eff = float(go.sum() / gt.sum())
+    n_read = go / gt
+    pairs = float(np.median(go**2 / go2))
+    out = {"d_kernel": d_kernel, "n_eff": n_eff, "pairs": pairs, "value_dim": value_dim,
+           "candidates": candidates, "snr_predicted_trained": float(theory.predicted_snr(d_kernel, n_eff))}
+    if math.isfinite(value_dim) and candidates >= 2:
+        d_v = max(2, int(round(value_dim)))
+        acc = theory.predicted_accuracy(np.sqrt(d_kernel / n_read), candidates, d_v, pairs)
+        out["acc_predicted_trained"] = float(np.mean(acc))
+    else:
+        out["acc_predicted_trained"] = math.nan
+    return out
+
+
+def _layer(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tensor, span: int):
+    """Per-read sums (B, H, T) float64 on the CPU and the codebook's value vectors of one layer."""
+    log_decay, dt = hooks.get("log_decay"), hooks.get("dt")
+    B, T = query.shape
+    sums, values, labels = None, [], []
+    for b in range(B):  # one example at a time keeps the (H, R, T) temporaries small
+        pos = query[b].nonzero().squeeze(-1)  # (R,)
+        if pos.numel() == 0:
+            continue
+        a = mixer.effective_weights({k: v[b:b + 1] for k, v in hooks.items()}, rows=pos)[0]  # (H, R, T)
+        H, dev = a.shape[0], pos.to(a.device)
+        if dt is not None:  # SSD writes k (dt v)^T: the hooked v carries dt, unit-scale values do not
+            a = a * dt[b].to(a.dtype).unsqueeze(-2)
+        ld = None if log_decay is None else log_decay[b]
+        g2 = decay_gain_sq(ld, T, per_dim=ld is not None and ld.dim() == 3, positions=dev,
+                           write_scale=None if dt is None else dt[b], device=a.device).expand(H, -1, -1)
+        tp = target_pos[b, pos].to(a.device).expand(H, -1)  # (H, R)
+        found = read_sums(a, g2, tp, dev, span)
+        if sums is None:
+            sums = {n: torch.zeros(B, H, T, dtype=torch.float64) for n in SUMS}
+        for name, value in found.items():
+            sums[name][b][:, pos] = value.cpu()
+        t = target_pos[b, pos].long()  # (R,) the answers' positions
+        v = hooks["v"][b][:, t.to(hooks["v"].device)].to(torch.float64)  # (H, R, Dv)
+        if dt is not None:
+            v = v / dt[b][:, t.to(dt.device)].to(torch.float64).unsqueeze(-1)
+        values.append(v.cpu())
+    return sums, values
+
+
+def measure_trained_theory(model, batch, *, max_examples: Optional[int] = None,
+                           retrieval: Optional[tuple[int, int]] = None) -> dict:
+    """The trained-statistics law for every layer, head and slice value of `model` on `batch`.
+
+    batch: a task Batch (inputs, targets, target_pos, slice_value, slice_name; a dict works
+    too); the first `max_examples` examples are measured, the candidates counted over all of
+    them. retrieval: the (layer, head) whose pooled numbers go into the summary (the retrieval
+    head of harness.measure.trained.measure_model); None: no summary.
+
+    Returns {"rows": {(layer, head, value): {column: value}}, "summary": {...}, "status": str}.
+    """
+    targets = _field(batch, "targets")
+    target_pos_all = _field(batch, "target_pos")
+    candidates = int(torch.unique(targets[target_pos_all >= 0]).numel())
+    inputs = _field(batch, "inputs")[:max_examples]
+    target_pos = target_pos_all[:max_examples].cpu()
+    answers = targets[:max_examples].cpu()
+    slice_value = _field(batch, "slice_value")[:max_examples].cpu()
+    query = target_pos >= 0  # (B, T)
+    device = next(model.parameters()).device
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), capture(model, names=lambda name: ".mixer.hook_" in name) as cache:
+            model(inputs.to(device))
+    finally:
+        model.train(was_training)
+
+    span = answer_span(model)
+    values = sorted(int(x) for x in torch.unique(slice_value[query]).tolist())
+    rows, summary, status = {}, {}, "ok"
+    for layer, mixer in enumerate(model.mixers()):
+        hooks = mixer_hooks(mixer, cache, f"layers.{layer}.mixer.")
+        why = lacks(mixer, "effective_weights") or (None if "v" in hooks else "skipped: no hook_v")
+        if why:
+            status = why
+            continue
+        with torch.no_grad():
+            sums, value_rows = _layer(mixer, hooks, target_pos, query, span)
+        if sums is None:
+            continue
+        labels = torch.cat([answers[b][query[b]] for b in range(query.shape[0]) if query[b].any()])
+        vectors = torch.cat(value_rows, dim=1)  # (H, reads, Dv)
+        g = int(getattr(mixer, "heads_per_readout", 1) or 1)
+        for first in range(0, vectors.shape[0], g):
+            heads = list(range(first, first + g))
+            book = vectors[first:first + g].transpose(0, 1).reshape(vectors.shape[1], -1)  # (reads, g Dv)
+            value_dim, _ = codebook_dimension(book, labels)
+            pooled = pool_heads({n: sums[n][:, first:first + g] for n in SUMS})  # (B, T) each
+            groups = [(value, query & (slice_value == value)) for value in values] + [(None, query)]
+            for value, sel in groups:
+                per_read = {n: x[sel].numpy() for n, x in pooled.items()}
+                keep = per_read["gain_target"] > 0
+                found = predict({n: x[keep] for n, x in per_read.items()}, value_dim, candidates)
+                for h in heads:
+                    if value is not None:
+                        rows[(layer, h, value)] = found
+                    elif retrieval == (layer, h):
+                        summary = found
+    return {"rows": rows, "summary": summary, "status": status}
+
+
+def merge_rows(heads: list[dict], found: dict) -> list[dict]:
+    """heads rows (harness.measure.trained) with this module's columns added by (layer, head, value)."""
+    return [{**row, **found["rows"].get((row["layer"], row["head"], row["value"]), {})} for row in heads]
