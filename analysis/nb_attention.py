@@ -24,13 +24,17 @@
 # Runs come from `$HARNESS_RESULTS/sharpness` (default `results/quick/sharpness`), the sweep
 # `python -m harness -m +experiment=sharpness` (it keeps each run's model.pt).
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/sharpness, else results/quick/sharpness
+
 # %%
 # %matplotlib inline
 import harness
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.attention import attention_figure, attention_map, trained_runs
 
-runs = trained_runs(load_all(results_root() / "sharpness"))
+results = params.results("sharpness", results_dir)
+runs = trained_runs(results)
 runs.filter(items=["model", "run_dir", "summary.accuracy", "summary.target_weight", "summary.retrieval_layer",
                    "summary.retrieval_head"])
 
@@ -52,4 +56,4 @@ for run_dir in runs["run_dir"]:
           f"rows where it is the largest: {(amap.weights[amap.queries].argmax(-1) == amap.answers).mean():.2f}")
 
 # %%
-attention_figure(load_all(results_root() / "sharpness"))
+attention_figure(results)

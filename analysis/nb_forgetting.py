@@ -21,12 +21,15 @@
 # Results come from `$HARNESS_RESULTS/forgetting` (default `results/quick/forgetting`), the sweep
 # `python -m harness -m +experiment=forgetting`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/forgetting, else results/quick/forgetting
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.forgetting import forgetting_figure, overwrite_gap
 
-results = load_all(results_root() / "forgetting")
+results = params.results("forgetting", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

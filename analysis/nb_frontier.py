@@ -22,12 +22,15 @@
 # Results come from `$HARNESS_RESULTS/frontier` (default `results/quick/frontier`), the sweep
 # `python -m harness -m +experiment=frontier`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/frontier, else results/quick/frontier
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.frontier import frontier_figure, frontier_points
 
-results = load_all(results_root() / "frontier")
+results = params.results("frontier", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

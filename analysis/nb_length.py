@@ -23,12 +23,15 @@
 # Results come from `$HARNESS_RESULTS/length` (default `results/quick/length`), the sweep
 # `python -m harness -m +experiment=length`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/length, else results/quick/length
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.length import FILLER, length_figure, length_points
 
-results = load_all(results_root() / "length")
+results = params.results("length", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

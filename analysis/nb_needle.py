@@ -21,12 +21,15 @@
 # Results come from `$HARNESS_RESULTS/needle` (default `results/quick/needle`), the sweep
 # `python -m harness -m +experiment=needle`.
 
+# %% tags=["parameters"]
+results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/needle, else results/quick/needle
+
 # %%
 # %matplotlib inline
-from analysis.loader import load_all, results_root
+from analysis import params
 from analysis.plots.needle import needle_figure, needle_points
 
-results = load_all(results_root() / "needle")
+results = params.results("needle", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]

@@ -137,7 +137,7 @@ def test_the_documented_example_runs_through_the_cli(tmp_path):
     s = res["summary"]
     assert s["accuracy"] >= 0.9, s  # DPFP learns the default recall task in the documented budget
     assert s["d_key"] == 2 * 64 * 2 and s["state_elements_per_head"] == 256 * 64 + 256
-    assert res["measure"] == {"sharpness": "ok", "snr": "ok", "snr_predicted": "ok"}
+    assert res["measure"] == {"sharpness": "ok", "snr": "ok", "snr_predicted": "ok", "trained_theory": "ok"}
     assert {r["slice"] for r in res["slices"]} == {"num_pairs"} and res["heads"]
     # the lines the document shows are the lines a run prints
     assert re.search(r"\[harness\] recall/examples\.dpfp\.DPFPAttention: accuracy \d\.\d{3}", proc.stdout)
@@ -152,7 +152,7 @@ def test_a_mixer_with_only_a_forward_pass_trains_and_says_what_it_skipped(user_d
     res = results(out)
     assert res["status"] == "ok" and [r["slice"] for r in res["slices"]] == ["num_pairs"]
     assert res["measure"] == {"sharpness": "skipped: no effective_weights", "snr": "skipped: no effective_weights",
-                              "snr_predicted": "skipped: no d_key"}
+                              "snr_predicted": "skipped: no d_key", "trained_theory": "skipped: no effective_weights"}
     assert "state_bytes" not in res["summary"] and res["heads"] == []
     assert "[harness] state" not in proc.stdout
 

@@ -60,9 +60,9 @@ def test_memory_limit_reads_the_device_and_the_override(monkeypatch):
 @pytest.mark.parametrize("overrides, starts", [
     (["mode=probe", "model=elu", "probe.d=[100000]", "probe.n=[70000]"],
      "harness: error: probe: model=elu, d=100000, N=70000 needs about "),
-    (["model=elu", "task.test_seq_len=2000000", "trainer.eval_examples=512", "task.vocab_size=8192"],
+    (["model=elu", "task.test_seq_len=[2000000]", "trainer.eval_examples=512", "task.vocab_size=8192"],
      "harness: error: evaluation: 512 examples at length 2000000 needs about "),
-    (["model=softmax", "task.test_seq_len=65536", "trainer.measure_examples=512", "trainer.eval_examples=512"],
+    (["model=softmax", "task.test_seq_len=[65536]", "trainer.measure_examples=512", "trainer.eval_examples=512"],
      "harness: error: measurement: 512 examples at length 65536 needs about "),
     (["model=elu", "task.seq_len=100000", "trainer.batch_size=256"],
      "harness: error: training: batch 256 x length 100000 x width 64 "),
@@ -81,7 +81,7 @@ def test_infeasible_request_is_refused_in_one_line(tmp_path, overrides, starts):
 @pytest.mark.parametrize("overrides", [
     ["mode=probe", "model=elu", "probe.d=[100000]", "probe.n=[70000]"],
     ["mode=probe", "model=favor", "probe.d=[100000]", "probe.n=[64]"],  # the feature draw alone
-    ["model=elu", "task.test_seq_len=2000000", "trainer.eval_examples=512", "task.vocab_size=8192"],
+    ["model=elu", "task.test_seq_len=[2000000]", "trainer.eval_examples=512", "task.vocab_size=8192"],
 ])
 def test_refusal_allocates_nothing_and_takes_seconds(overrides, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv(LIMIT_ENV, LIMIT)
@@ -98,7 +98,7 @@ def test_refusal_allocates_nothing_and_takes_seconds(overrides, monkeypatch, cap
 
 def test_evaluation_streams_in_smaller_pieces_when_a_whole_chunk_does_not_fit(tmp_path, monkeypatch, capsys):
     over = ["task=recall", "model=elu", "trainer=debug", "logger=none", "trainer.measure=false",
-            "trainer.eval_examples=64", "task.test_seq_len=2048", "task.vocab_size=4096", f"out_dir={tmp_path}"]
+            "trainer.eval_examples=64", "task.test_seq_len=[2048]", "task.vocab_size=4096", f"out_dir={tmp_path}"]
     cfg = compose_config(over)
     shape = memory.run_shape(cfg)
     T = max(shape.eval_lens)

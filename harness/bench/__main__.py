@@ -8,6 +8,7 @@ the JSON records that configuration (env.allocator), so what is measured is what
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
