@@ -202,6 +202,19 @@ def test_probe_estimate_bounds_the_measured_peak(model, d, n):
     assert mem.peak <= estimate <= 3 * mem.peak + 32 * 2**20
 
 
+def test_probe_writes_its_states_in_groups_that_fit_and_measures_the_same(monkeypatch):
+    """64 Taylor states of m x d_v at d = 256 would need 26 GiB at once; in groups, the row is the same."""
+    whole = probe.probe_row("taylor", 8, 16, candidates=64)
+    assert whole["states"] == 64
+    monkeypatch.setattr(probe, "STATE_BUDGET", 73 * 9 * 3)  # m = 1 + 8 + 64 = 73, d_v + 1 = 9
+    assert probe.state_group(64, 73, 8) == 3
+    grouped = probe.probe_row("taylor", 8, 16, candidates=64)
+    for key in ("snr_measured", "acc_measured", "snr_predicted", "acc_predicted"):
+        assert grouped[key] == pytest.approx(whole[key], rel=1e-12), key
+    monkeypatch.undo()
+    assert probe.probe_row_bytes("taylor", 256, 16) < 2 * 2**30
+
+
 def test_every_paper_configuration_fits_the_reference_machine(monkeypatch):
     """At the paper's full sizes (batch, evaluation examples and all), every mixer at the largest
     point of each grid passes the check on a 24 GiB machine; evaluation may stream in pieces."""
@@ -210,16 +223,15 @@ def test_every_paper_configuration_fits_the_reference_machine(monkeypatch):
     monkeypatch.setenv(LIMIT_ENV, LIMIT)
     from harness.run.resources import check_resources
 
-    streamed = {}
+    checked = 0
     for name in smoke.experiments("paper"):
         params = smoke.sweep_params("paper", name)
         models = params.get("model", ["elu"])
         for model in models:
             cfg = compose_config([f"+experiment=paper/{name}", *smoke.grid_overrides(params, "last"),
                                   f"model={model}", "trainer.device=cpu"])
-            check_resources(cfg)
+            check_resources(cfg)  # ResourceError if it does not fit
             if cfg.mode == "train":
-                tokens = memory.check_training(cfg)
-                if tokens < cfg.trainer.eval_tokens:
-                    streamed[f"{name}/{model}"] = tokens
-    assert "capacity/softmax" in streamed  # N up to 2048 in a 8192-token vocabulary: in pieces
+                assert memory.check_training(cfg) > 0  # the tokens per evaluation pass that fit
+            checked += 1
+    assert checked >= 7 * len(smoke.experiments("paper")) - 7  # every mixer of every grid

@@ -119,6 +119,7 @@ DEFAULT_DS = (32, 64, 128)
 MAX_DEFAULT_N = 16384
 DTYPE = torch.float64                  # old writes of a decayed state sit far below float32's eps
 FEATURE_BUDGET = 2**22                 # entries of a feature or score block (32 MiB in float64)
+STATE_BUDGET = 2**26                   # entries of the states written at once (512 MiB in float64)
 
 
 def default_ns(d: int) -> list[int]:
@@ -302,6 +303,12 @@ def _memory_cached(model: str, d: int, seed: int, options: tuple):
 _memory.cache_clear = _memory_cached.cache_clear
 
 
+def state_group(states: int, m: int, d_v: int) -> int:
+    """How many of the probe's independent states are written and read at once: as many as fit
+    STATE_BUDGET entries (S and z), at least one."""
+    return max(1, min(states, STATE_BUDGET // (m * (d_v + 1))))
+
+
 def probe_row_bytes(model: str, d: int, n: int, *, candidates: int = 1024, max_queries: int = 1024,
                     min_queries: int = 1024, value_dim: Optional[int] = None, chunk: int = 4096) -> int:
     """Peak bytes of `probe_row` with these arguments, from the sizes alone (nothing is drawn):
@@ -321,9 +328,10 @@ def probe_row_bytes(model: str, d: int, n: int, *, candidates: int = 1024, max_q
         step = min(chunk, n)
         work = item * (q * (d + 2 * d_v) + 4 * q * step + q * candidates)
     else:
-        step = max(1, min(chunk, n, FEATURE_BUDGET // (states * m)))
-        block = states * step * max(m, d_v)
-        work = item * (3 * states * m * (d_v + 1) + 4 * block) + 4 * FEATURE_BUDGET  # S, S + dS, dS
+        group = state_group(states, m, d_v)
+        step = max(1, min(chunk, n, FEATURE_BUDGET // (group * m)))
+        block = group * step * max(m, d_v)
+        work = item * (3 * group * m * (d_v + 1) + 4 * block) + 4 * FEATURE_BUDGET  # S, S + dS, dS
     draw = features.draw_bytes(getattr(cls, "feature", ""), d) if getattr(cls, "feature", None) else 0
     return int(held + work + draw)
 
@@ -387,9 +395,15 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
         law = theory.delta_read_energy(d_eff, lam_read.numpy())
     else:
         d_eff = memory.d_key
-        step = max(1, min(chunk, FEATURE_BUDGET // (states * d_eff)))  # bounds (B, step, m) for taylor
-        sig2, noise2, correct = _read_through_state(memory.phi_k, memory.phi_q, lam, keys, V, book, idx,
-                                                    normalize=memory.normalize, chunk=step)
+        # States in groups: the Taylor map's m = 1 + d + d^2 makes 64 states of m x d_v too
+        # large at d = 256 (each read only needs its own state).
+        group = state_group(states, d_eff, d_v)
+        step = max(1, min(chunk, FEATURE_BUDGET // (group * d_eff)))  # bounds (B, step, m) for taylor
+        parts = [_read_through_state(memory.phi_k, memory.phi_q, lam[g : g + group], keys[g : g + group],
+                                     V[g : g + group], book, idx[g : g + group], normalize=memory.normalize,
+                                     chunk=step)
+                 for g in range(0, states, group)]
+        sig2, noise2, correct = (torch.cat(t, 0) for t in zip(*parts))
         lam_read = lam.cpu()
         read_pairs = theory.crosstalk_pairs(lam_read.numpy())  # (B, N): N_eff of each read
 
