@@ -356,7 +356,7 @@ def test_smoke_runs_each_experiment_through_the_launcher_and_prices_it(tree, tmp
     assert all("trainer.max_steps=1" in c and "trainer.device=cpu" in c for c in calls)
     estimate = json.loads((root / smoke.COST_FILE).read_text())
     capacity = estimate["experiments"]["capacity"]
-    assert capacity["jobs"] == 7 * 3 * 3 * 5 and capacity["steps_per_job"] == 20000
+    assert capacity["jobs"] == 9 * 3 * 3 * 5 and capacity["steps_per_job"] == 20000
     out = capsys.readouterr().out
     assert "expected cost of the full paper profile" in out and "capacity" in out
 

@@ -21,8 +21,8 @@ from matplotlib.ticker import NullLocator
 from analysis.loader import NoResultsError, load_all
 
 # Fixed colours per mixer, so that a mixer looks the same in every figure.
-MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
-_COLORS = sns.color_palette("colorblind", 10)
+MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet", "gated_deltanet", "swa")
+_COLORS = sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)  # the project's ten, then spares
 
 SEED, LR, WIDTH = "config.seed", "config.trainer.lr", "config.model.d_model"
 CI = ("ci", 95)          # seaborn's 95% bootstrap interval over runs (seeds): errorbar=CI

@@ -131,9 +131,9 @@ def time_plain_loop(cfg, steps: int) -> float:
     running = torch.zeros((), device=device)
     stamps: list[float] = []
     for step in range(1, steps + 1):
-        inputs, targets = next(batches)
+        inputs, positions, targets = next(batches)
         with autocast():
-            loss = lm_loss(model(inputs), targets)
+            loss = lm_loss(model(inputs, positions), targets)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
