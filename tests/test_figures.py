@@ -366,3 +366,14 @@ def test_sweep_dir_override_is_quoted_when_needed():
     assert plain[-1] == "hydra.sweep.dir=/tmp/results/quick/snr"
     spaced = figures.sweep_command("paper", "snr", Path("/tmp/my results/snr"))
     assert spaced[-2:] == ["+experiment=paper/snr", "hydra.sweep.dir='/tmp/my results/snr'"]
+
+
+def test_a_point_no_validation_batch_covers_is_chosen_on_test_and_says_so():
+    from analysis.plots.common import LR, select_on_validation
+
+    rows = pd.DataFrame({"model": ["elu"] * 4, "value": [16, 16, 192, 192], LR: [1e-3, 1e-2] * 2,
+                         "accuracy": [0.9, 0.8, 0.2, 0.3], "val_accuracy": [0.7, 0.9, np.nan, np.nan]})
+    picked, table = select_on_validation(rows, ["model", "value"])
+    assert dict(zip(picked["value"], picked[LR])) == {16: 1e-2, 192: 1e-2}  # val at 16; test at 192
+    flagged = table.set_index("value")["selected_on"]
+    assert set(flagged.loc[16]) == {"validation"} and set(flagged.loc[192]) == {"test (no validation split)"}

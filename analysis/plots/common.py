@@ -125,9 +125,13 @@ def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "a
     table = (rows.groupby(keys, dropna=False)
              .agg(val_score=(chosen_on, "mean"), test_score=(test, "mean"), runs=(test, "size"))
              .reset_index())
-    best = table.loc[table.groupby(list(point), dropna=False)["val_score"].idxmax(), keys]
+    # a point no validation batch covers (a test setting longer than the training length)
+    # is chosen on test, and its rows say so
+    unvalidated = table.groupby(list(point), dropna=False)["val_score"].transform(lambda v: v.isna().all())
+    score = table["val_score"].where(~unvalidated, table["test_score"])
+    best = table.loc[score.groupby([table[c] for c in point], dropna=False).idxmax(), keys]
     table["chosen"] = table.set_index(keys).index.isin(best.set_index(keys).index)
-    table["selected_on"] = "validation" if chosen_on == val else "test (no validation split)"
+    table["selected_on"] = np.where(unvalidated | (chosen_on != val), "test (no validation split)", "validation")
     picked = rows.merge(best, on=keys, how="inner")
     return picked.reset_index(drop=True), table
 

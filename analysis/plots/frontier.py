@@ -3,9 +3,10 @@
 MQAR accuracy against the bytes of state one layer keeps to decode the next token: the
 recurrent state of the linear families (d_key x d_head per head, plus the normaliser), the KV
 cache at the evaluation length for softmax (and a sliding window's cache for swa). Each point
-is one run, labelled by its setting (width, and the q/k width where the sweep varies it); a
-mixer's points are joined in order of state size, so its frontier reads left to right. The
-mixers are whatever the sweep's YAML list names: a new mixer needs no change here.
+is one setting (width, and the q/k width where the sweep varies it) at the learning rate chosen
+on the validation split, the mean over its seeds; a mixer's points are joined in order of
+state size, so its frontier reads left to right. The mixers are whatever the sweep's YAML list
+names: a new mixer needs no change here.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from analysis.plots.common import (figure, legend_outside, mixer_handles, mixer_order, new_figure, note,
-                                   palette, require, table)
+from analysis.plots.common import (LR, figure, legend_outside, mixer_handles, mixer_order, new_figure, note,
+                                   palette, require, select_on_validation, table)
 
 WIDTH, QK, LAYERS = "config.model.d_model", "config.model.qk_dim", "config.model.n_layers"
 BYTES_PER_ELEMENT = 4  # float32, as summary.state_bytes counts
@@ -34,7 +35,11 @@ def frontier_points(data: pd.DataFrame) -> pd.DataFrame:
     runs = runs.assign(state_bytes_per_layer=per_layer)
     runs = require(runs, ["model", "summary.accuracy", "state_bytes_per_layer"],
                    "recall accuracy with the state size per layer (summary.state_elements_per_layer)")
-    return runs.assign(setting=[_label(run) for _, run in runs.iterrows()])
+    runs = runs.assign(setting=[_label(run) for _, run in runs.iterrows()])
+    if LR in runs.columns and runs[LR].nunique() > 1:  # the learning rate chosen per point
+        runs, _ = select_on_validation(runs, ["model", "setting"], test="summary.accuracy",
+                                       val="summary.val_accuracy")
+    return runs
 
 
 def _label(run: pd.Series) -> str:

@@ -28,14 +28,15 @@ _COLUMNS = ["model", "source", "panel", "snr_predicted", "snr_measured"]
 
 
 def _selected_runs(data: pd.DataFrame) -> set | None:
-    """run_dirs of the trained runs at the learning rate chosen on validation per
-    (mixer, width, N); None when the runs carry no slices to choose on."""
+    """run_dirs of the trained runs at the learning rate chosen on validation per (mixer,
+    width), as the capacity figure chooses (each N is an evaluation of the same models); None
+    when the runs carry no slices to choose on."""
     slices = table(data, "slices")
     if slices.empty or not {"run_dir", "model", "value", "accuracy"} <= set(slices.columns):
         return None
     if WIDTH not in slices.columns:
         slices = slices.assign(**{WIDTH: np.nan})
-    picked, _ = select_on_validation(slices, ["model", WIDTH, "value"])
+    picked, _ = select_on_validation(slices, ["model", WIDTH])
     return set(picked["run_dir"])
 
 
