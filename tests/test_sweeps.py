@@ -42,6 +42,20 @@ def test_rerun_skips_completed_runs(run_harness, tmp_path):
     assert [f.stat().st_mtime_ns for f in files] == stamps
 
 
+def test_a_grown_grid_keeps_the_runs_it_renumbers(run_harness, tmp_path):
+    """model=softmax,elu then model=softmax,linear,elu: job 1 is now linear, and its directory
+    held elu's finished run; elu's results move aside, are found there and not redone."""
+    first = _sweep(run_harness, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    args = ["-m", *TINY, "model=softmax,linear,elu", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    second = run_harness(*args, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "held the finished run of another config" in second.stdout
+    assert second.stdout.count("skip: results for this config exist") == 2  # softmax and elu, run once
+    runs = load_results(tmp_path / "sweep")
+    assert sorted(runs["model"]) == ["elu", "linear", "softmax"] and (runs["status"] == "ok").all()
+
+
 def test_one_failing_run_keeps_the_others(run_harness, tmp_path):
     # num_pairs=40 cannot fit in seq_len=64: that job fails validation, the other runs.
     proc = run_harness("-m", *TINY, "model=softmax", "task.num_pairs=4,40",

@@ -48,6 +48,24 @@ def find_completed(root: Path, digest: str) -> Path | None:
     return None
 
 
+def set_aside_other_run(out_dir: Path, sweep_dir: Path, digest: str) -> Path | None:
+    """A sweep rerun with a changed grid numbers its jobs anew, so job n's directory may hold
+    the finished run of another config. Its files move to <sweep>/<n>-<its hash prefix> (where
+    the skip check and the loader still find them) instead of being overwritten; Hydra's own
+    files for this job and the lock stay. Returns the new place, or None if nothing moved."""
+    res = read_results(out_dir)
+    if not res or res.get("config_hash") in (None, digest):
+        return None
+    dest = sweep_dir / f"{out_dir.name}-{str(res['config_hash'])[:8]}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in out_dir.iterdir():
+        if entry.name in (LOCK_FILE, ".hydra") or entry.suffix == ".log":
+            continue
+        entry.rename(dest / entry.name)
+    print(f"[harness] moved: {out_dir} held the finished run of another config; it is now in {dest}")
+    return dest
+
+
 def dispatch(cfg: DictConfig, out_dir: Path, resume: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run cfg's mode; ``resume``: a training checkpoint already loaded from out_dir."""
     if cfg.mode == "train":
@@ -183,6 +201,8 @@ def _run_claimed(cfg: DictConfig, out_dir: Path, run_dir: Path | None, multirun:
         if done is not None:
             print(f"[harness] skip: results for this config exist in {done}")
             return {"status": "skipped", "dir": str(done)}
+    if multirun and sweep_dir is not None:
+        set_aside_other_run(out_dir, sweep_dir, config_hash(cfg))
     try:
         saved = _prepare(cfg, out_dir)
     except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
