@@ -79,6 +79,6 @@ def frontier_figure(data) -> Figure:
     ax.xaxis.set_major_formatter(FuncFormatter(_bytes))
     ax.set(ylim=(-0.02, 1.05), xlabel="state per layer (bytes, float32; softmax: KV cache at the length)",
            ylabel="MQAR recall accuracy (fraction)", title="Recall against state size")
-    note(ax, "dotted: a KV cache (grows with the sequence); solid: a fixed-size recurrent state", "upper left")
+    note(ax, "dotted: a KV cache (grows with the sequence); solid: a fixed-size recurrent state", "lower right")
     legend_outside(fig, None, mixer_handles(colors), list(colors))
     return fig
