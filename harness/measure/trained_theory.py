@@ -161,7 +161,8 @@ def predict(sums: dict[str, np.ndarray], value_dim: float, candidates: int) -> d
         return {**nan, "value_dim": value_dim, "candidates": candidates}
     d_kernel = float(kt.sum() / ko.sum())
     n_eff = float(go.sum() / gt.sum())
-    n_read = go / gt
+    with np.errstate(divide="ignore", over="ignore"):  # a target decayed to nothing: N_read = inf, chance
+        n_read = go / gt
     pairs = float(np.median(go**2 / go2))
     out = {"d_kernel": d_kernel, "n_eff": n_eff, "pairs": pairs, "value_dim": value_dim,
            "candidates": candidates, "snr_predicted_trained": float(theory.predicted_snr(d_kernel, n_eff))}
