@@ -31,8 +31,7 @@ results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/capacity,
 # %%
 # %matplotlib inline
 from analysis import params
-from analysis.plots.capacity import (capacity_figure, capacity_points, capacity_selected,
-                                     half_capacity_table, predicted_points)
+from analysis.plots.capacity import capacity_figure, capacity_selected, half_capacity_table, predicted_points
 
 results = params.results("capacity", results_dir)
 results.groupby("table").size()

@@ -1,6 +1,5 @@
 """Sweeps: Hydra multirun through the basic, joblib and submitit_local launchers; reruns skip
 completed runs; a failing run keeps the others; wandb sweep files expand into valid configs."""
-import json
 
 import pytest
 

@@ -179,7 +179,7 @@ def _layer(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tensor, sp
     """Per-read sums (B, H, T) float64 on the CPU and the codebook's value vectors of one layer."""
     log_decay, dt = hooks.get("log_decay"), hooks.get("dt")
     B, T = query.shape
-    sums, values, labels = None, [], []
+    sums, values = None, []
     for b in range(B):  # one example at a time keeps the (H, R, T) temporaries small
         pos = query[b].nonzero().squeeze(-1)  # (R,)
         if pos.numel() == 0:
