@@ -363,11 +363,12 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     mcfg = model_config(cfg.model)
     saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
     eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)  # test: reported at the end
-    val_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device, split="val")  # during training
     max_len = max(es.seq_len for es in eval_sets)
     # validation at the training length, every eval_every steps: what early stopping watches
-    # and what a sweep chooses learning rates on (val_accuracy in the summary)
-    periodic = periodic_sets(val_sets, train_length(module, tcfg))
+    # and what a sweep chooses learning rates on (val_accuracy in the summary). The longer
+    # settings' validation batches are never read: not kept, so they are freed at once.
+    periodic = periodic_sets(make_eval_sets(module, tcfg, tr, cfg.seed, device, split="val"),
+                             train_length(module, tcfg))
     model = build_model(cfg).to(device)
     watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
