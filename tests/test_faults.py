@@ -10,6 +10,7 @@ from harness.config.compose import compose_config
 from harness.layers.kernel import KernelAttention
 from harness.outputs.results import write_json
 from harness.run.job import run_job
+from harness.train.faults import NumericalFault
 
 RUN = ["task=recall", "model=elu", "model.d_model=32", "logger=none", "trainer.max_steps=60",
        "trainer.batch_size=8", "trainer.eval_every=30", "trainer.eval_examples=16",
@@ -123,3 +124,53 @@ def test_same_seed_same_metrics_other_seed_differs(tmp_path):
 
     assert metrics(1, "a") == metrics(1, "b")
     assert metrics(1, "a") != metrics(2, "c")
+
+
+def _watched_step(model_name="elu", poison=None, scale=1.0, max_norm=1.0):
+    """One watched forward/backward on a small model; poison(model) edits the gradients."""
+    from harness.config.build import build_model
+    from harness.train.faults import FaultWatch
+
+    cfg = compose_config([*RUN, f"model={model_name}"])
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    watch = FaultWatch(model, model_name)
+    inputs = torch.randint(0, cfg.task.vocab_size, (2, 16))
+    with watch.forward_pass():
+        loss = model(inputs).float().logsumexp(-1).mean() * scale
+    loss.backward()
+    if poison is not None:
+        poison(model)
+    reference = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    watch.clip_and_record(3, loss, max_norm)
+    return watch, model, reference
+
+
+def test_a_non_finite_gradient_is_named_by_its_layer():
+    def poison(model):
+        next(model.layers[0].parameters()).grad[0] = float("inf")
+
+    watch, _, _ = _watched_step(poison=poison)
+    with pytest.raises(NumericalFault) as fault:
+        watch.check()
+    assert fault.value.record["fault"] == {"step": 3, "layer": 0, "mixer": "elu", "check": "gradient"}
+
+
+def test_a_non_finite_loss_comes_before_the_gradients_it_makes():
+    watch, _, _ = _watched_step(scale=float("nan"))
+    with pytest.raises(NumericalFault) as fault:
+        watch.check()
+    assert fault.value.record["fault"]["check"] == "loss" and fault.value.record["fault"]["step"] == 3
+
+
+def test_per_layer_clipping_is_clip_grad_norm_and_large_finite_gradients_are_no_fault():
+    """The norm formed from the per-layer sums clips exactly as torch's global clip does, at
+    ordinary and at very large (finite) gradients."""
+    for scale in (1.0, 1e12):
+        watch, model, reference = _watched_step(scale=scale, max_norm=0.5)
+        watch.check()  # no fault
+        expected = [g.clone() for g in reference]
+        torch.nn.utils.clip_grad_norm_(expected, 0.5)
+        got = [p.grad for p in model.parameters() if p.grad is not None]
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-12)

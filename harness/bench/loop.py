@@ -116,7 +116,7 @@ def time_plain_loop(cfg, steps: int) -> float:
 
     from harness.config.build import build_model, task_config
     from harness.devices import select_device
-    from harness.train.loop import autocast_factory, build_optimizer, lm_loss, lr_factor, train_batches
+    from harness.train.loop import autocast_factory, build_optimizer, lm_loss, lr_schedule, train_batches
 
     tr = cfg.trainer
     device = select_device(tr.device)
@@ -125,7 +125,7 @@ def time_plain_loop(cfg, steps: int) -> float:
     torch.manual_seed(cfg.seed)
     model = build_model(plain).to(device)
     opt = build_optimizer(model, tr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tr))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(tr))
     autocast = autocast_factory(device, tr.precision)
     batches = train_batches(module, tcfg, tr, cfg.seed, device)
     running = torch.zeros((), device=device)

@@ -64,10 +64,17 @@ class FaultWatch:
                               for i in reversed(range(len(self.blocks)))]
         self._param_groups.append([p for p in model.parameters()
                                    if p.requires_grad and id(p) not in in_blocks])
+        self._group_of = {id(p): g for g, group in enumerate(self._param_groups) for p in group}
+        self._gradient_sites = list(range(len(self.sites) - len(self._param_groups), len(self.sites)))
         device = next(model.parameters()).device
         self.first = torch.full((len(self.sites),), -1, dtype=torch.long, device=device)
-        self._flags: dict[int, torch.Tensor] = {}
-        self._false = torch.zeros((), dtype=torch.bool, device=device)
+        # The step's checks, as 0-dim tensors that are finite exactly when their check passed
+        # (a sum is NaN or Inf when an entry is, unless it overflows), with the site of each:
+        # all of them become one vector and one isfinite at the end of the step, instead of
+        # a few small device ops per check.
+        self._values: list[torch.Tensor] = []
+        self._value_sites: list[int] = []
+        self._indices: dict[tuple[int, ...], torch.Tensor] = {}
         self._armed = False
         self._layer: int | None = None
         for i, block in enumerate(self.blocks):
@@ -76,9 +83,17 @@ class FaultWatch:
 
     # ----- recording (device only) ---------------------------------------------------------------
 
-    def _flag(self, site: Site, bad: torch.Tensor) -> None:
-        i = self._index[site]
-        self._flags[i] = bad if i not in self._flags else self._flags[i] | bad
+    def _record(self, site: Site, value: torch.Tensor) -> None:
+        self._values.append(value)
+        self._value_sites.append(self._index[site])
+
+    def _on_device(self, indices: list[int], device: torch.device) -> torch.Tensor:
+        """indices as a device tensor, made once per pattern (the same every step): a fresh
+        host-to-device copy each step would be a host sync on CUDA."""
+        key = tuple(indices)
+        if key not in self._indices:
+            self._indices[key] = torch.tensor(indices, device=device)
+        return self._indices[key]
 
     def _enter(self, layer: int):
         def hook(module, args):
@@ -88,18 +103,18 @@ class FaultWatch:
     def _leave(self, layer: int):
         def hook(module, args, output):
             self._layer = None
-            if self._armed:  # the sum is NaN or Inf exactly when some entry is (or it overflows)
+            if self._armed:
                 out = output[0] if isinstance(output, tuple) else output  # fla-style (o, attn, cache)
-                self._flag(Site("output", layer), ~torch.isfinite(out.detach().sum()))
+                self._record(Site("output", layer), out.detach().sum())
         return hook
 
     def _denominator(self, den: torch.Tensor) -> None:
         if not self._armed or self._layer is None:
             return
-        ok = torch.isfinite(den.sum())
-        if self.positive[self._layer]:
-            ok = ok & (den > 0).all()
-        self._flag(Site("denominator", self._layer), ~ok)
+        site = Site("denominator", self._layer)
+        self._record(site, den.sum())
+        if self.positive[self._layer]:  # log(min) is finite exactly when every entry is > 0
+            self._record(site, den.amin().log())
 
     @contextmanager
     def forward_pass(self) -> Iterator[None]:
@@ -113,22 +128,33 @@ class FaultWatch:
 
     def clip_and_record(self, step: int, loss: torch.Tensor, max_norm: float) -> None:
         """Clip the gradients to ``max_norm`` (0: no clipping), as clip_grad_norm_ does, from the
-        per-layer norms this check needs anyway; then fold the step's flags into ``first``."""
-        self._flag(Site("loss", None), ~torch.isfinite(loss.detach()))
-        norms = []
-        for site, params in zip(self.sites[-len(self._param_groups):], self._param_groups):
-            grads = [p.grad for p in params if p.grad is not None]
-            if grads:
-                norm = torch.nn.utils.get_total_norm(grads)
-                norms.append(norm)
-                self._flag(site, ~torch.isfinite(norm))
-        if max_norm > 0 and norms:
-            total = torch.linalg.vector_norm(torch.stack(norms))
-            grads = [p.grad for group in self._param_groups for p in group if p.grad is not None]
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
-        bad = torch.stack([self._flags.get(i, self._false) for i in range(len(self.sites))])
+        per-layer norms this check needs anyway; then fold the step's checks into ``first``."""
+        self._record(Site("loss", None), loss.detach())
+        grads, groups = [], []
+        for p_group, params in enumerate(self._param_groups):
+            for p in params:
+                if p.grad is not None:
+                    grads.append(p.grad)
+                    groups.append(p_group)
+        if grads:
+            # one pass over every gradient (what clip_grad_norm_ runs), summed per layer in
+            # float64 so that a large but finite norm does not overflow into a false fault
+            squares = torch.stack(torch._foreach_norm(grads)).double().square()
+            index = self._on_device(groups, squares.device)
+            per_layer = squares.new_zeros(len(self._param_groups)).index_add_(0, index, squares)
+            for g in sorted(set(groups)):
+                self._values.append(per_layer[g])
+                self._value_sites.append(self._gradient_sites[g])
+            if max_norm > 0:
+                total = per_layer.sum().sqrt().to(grads[0].dtype)
+                torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
+        values = torch.stack(self._values)  # promoted to the widest dtype (float64 here)
+        sites = self._on_device(self._value_sites, values.device)
+        bad = torch.zeros(len(self.sites), device=values.device, dtype=torch.float64).index_add_(
+            0, sites, (~torch.isfinite(values)).double()) > 0
         self.first = torch.where((self.first < 0) & bad, step, self.first)
-        self._flags.clear()
+        self._values.clear()
+        self._value_sites.clear()
 
     # ----- reading (a host sync) -----------------------------------------------------------------
 

@@ -47,13 +47,19 @@ def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=tr.lr, betas=(0.9, 0.98), eps=1e-8)
 
 
-def lr_factor(step: int, tr) -> float:
-    """Linear warmup, then cosine from 1 down to `min_lr_ratio` at `max_steps`."""
-    if step < tr.warmup_steps:
-        return (step + 1) / tr.warmup_steps
-    span = max(1, tr.max_steps - tr.warmup_steps)
-    progress = min(1.0, (step - tr.warmup_steps) / span)
-    return tr.min_lr_ratio + (1 - tr.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+def lr_schedule(tr) -> Callable[[int], float]:
+    """The learning-rate factor of each step: linear warmup, then cosine from 1 down to
+    `min_lr_ratio` at `max_steps`. The settings are read once, as plain numbers: the scheduler
+    calls this every step, and reading an OmegaConf node costs more than the arithmetic."""
+    warmup, max_steps, floor = int(tr.warmup_steps), int(tr.max_steps), float(tr.min_lr_ratio)
+    span = max(1, max_steps - warmup)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / span)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -373,7 +379,7 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
     opt = build_optimizer(model, tr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tr))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(tr))
     autocast = autocast_factory(device, tr.precision)
     loop = LoopState(running=torch.zeros((), device=device))
     if saved is not None:
@@ -399,7 +405,10 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         stopped_early = False
         on_step = clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
         setup_s = clock.last - t0
-        while loop.step < tr.max_steps:
+        # the settings each step reads, as plain values: an OmegaConf read costs microseconds
+        max_steps, log_every, eval_every, ckpt_every = tr.max_steps, tr.log_every, tr.eval_every, tr.ckpt_every
+        grad_clip, target_accuracy = float(tr.grad_clip), tr.target_accuracy
+        while loop.step < max_steps:
             inputs, positions, targets = next(batches)
             with watch.forward_pass(), autocast():
                 loss = lm_loss(step_model(inputs, positions), targets)
@@ -407,20 +416,20 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
             loss.backward()
             loop.step += 1
             step = loop.step
-            watch.clip_and_record(step, loss, tr.grad_clip)
+            watch.clip_and_record(step, loss, grad_clip)
             opt.step()
             sched.step()
             loop.running += loss.detach()
-            if step % tr.log_every == 0 or step == tr.max_steps:
+            if step % log_every == 0 or step == max_steps:
                 watch.check()  # reads the loss back anyway: the fault check rides on that sync
-                loop.last_loss = (loop.running / (step % tr.log_every or tr.log_every)).item()
+                loop.last_loss = (loop.running / (step % log_every or log_every)).item()
                 loop.running.zero_()
                 bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval.get('accuracy', 0):.3f}")
                 logger.log({"train/loss": loop.last_loss, "train/lr": sched.get_last_lr()[0]}, step=step)
             bar.update(1)
             if on_step is not None:
                 on_step(step)
-            if step % tr.eval_every == 0 or step == tr.max_steps:
+            if step % eval_every == 0 or step == max_steps:
                 watch.check()
                 loop.last_eval = evaluate(model, periodic, autocast, tokens=eval_tokens)
                 loop.eval_step = step
@@ -430,11 +439,11 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                 metrics.write(row)
                 logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
                 bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval['accuracy']:.3f}")
-                if tr.target_accuracy is not None and loop.last_eval["min_accuracy"] >= tr.target_accuracy:
-                    stopped_early = step < tr.max_steps
+                if target_accuracy is not None and loop.last_eval["min_accuracy"] >= target_accuracy:
+                    stopped_early = step < max_steps
                     break
-            due = tr.ckpt_every and step % tr.ckpt_every == 0
-            if (due or terminate.requested) and step < tr.max_steps:
+            due = ckpt_every and step % ckpt_every == 0
+            if (due or terminate.requested) and step < max_steps:
                 watch.check()  # only a clean state is saved: the last checkpoint is always good
                 loop.elapsed_s = time.time() - started
                 ckpt_path = checkpoint.save_checkpoint(out_dir, step, _checkpoint_payload(
