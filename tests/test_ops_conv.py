@@ -14,12 +14,15 @@ def outputs_and_grads(fn, x, w, b):
 
 
 @pytest.mark.parametrize("use_fused", (True, False))
-@pytest.mark.parametrize("shape", [(3, 9, 6, 4), (2, 2, 5, 4), (4, 17, 33, 1), (1, 8, 7, 2), (5, 6, 3, 5)])
+@pytest.mark.parametrize("shape", [(3, 9, 6, 4), (2, 2, 5, 4), (4, 17, 33, 1), (1, 8, 7, 2), (5, 6, 3, 5),
+                                   (2, 11, 37, 4), (3, 5, 40, 3), (2, 3, 16, 2), (1, 2, 48, 3)])
 def test_matches_conv1d_float64(shape, use_fused, monkeypatch):
     if use_fused and fused._load() is None:
         pytest.skip("the fused kernel could not be built here")
     monkeypatch.setattr(fused, "_enabled", use_fused)
-    b, t, c, size = shape  # T = 2 < K = 4 in the second: the padding covers the whole sequence
+    # T = 2 < K in the second and last: the padding covers the whole sequence; C = 37, 40 and 48
+    # span several vector widths of channels, with and without a remainder
+    b, t, c, size = shape
     g = torch.Generator().manual_seed(sum(shape))
     x = torch.randn(b, t, c, generator=g, dtype=torch.float64)
     w, bias = torch.randn(c, size, generator=g, dtype=torch.float64), torch.randn(c, generator=g, dtype=torch.float64)
