@@ -64,7 +64,6 @@ class FaultWatch:
                               for i in reversed(range(len(self.blocks)))]
         self._param_groups.append([p for p in model.parameters()
                                    if p.requires_grad and id(p) not in in_blocks])
-        self._group_of = {id(p): g for g, group in enumerate(self._param_groups) for p in group}
         self._gradient_sites = list(range(len(self.sites) - len(self._param_groups), len(self.sites)))
         device = next(model.parameters()).device
         self.first = torch.full((len(self.sites),), -1, dtype=torch.long, device=device)
@@ -137,8 +136,9 @@ class FaultWatch:
                     grads.append(p.grad)
                     groups.append(p_group)
         if grads:
-            # one pass over every gradient (what clip_grad_norm_ runs), summed per layer in
-            # float64 so that a large but finite norm does not overflow into a false fault
+            # one pass over every gradient (what clip_grad_norm_ runs); the per-tensor norms are
+            # squared and summed per layer in float64, so only a single tensor's norm past
+            # float32's range reads as non-finite, as it did with get_total_norm
             squares = torch.stack(torch._foreach_norm(grads)).double().square()
             index = self._on_device(groups, squares.device)
             per_layer = squares.new_zeros(len(self._param_groups)).index_add_(0, index, squares)
