@@ -246,7 +246,7 @@ def final_state_log_decay_grad(ds_final, s_final, per_dim: bool, dtype) -> torch
 
 
 class DecayChunkCPU(torch.autograd.Function):
-    """:class:`DecayChunk` through the fused CPU kernels (harness/ops/csrc/chunk_cpu.cpp): same
+    """:class:`DecayChunk` through the fused CPU kernels (harness/ops/csrc/decay_cpu.cpp, gated_cpu.cpp): same
     signature and results, for scalar gates and per-dimension gates alike; the kernels recompute
     the in-chunk weights in the backward pass instead of saving them.
 

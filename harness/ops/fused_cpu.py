@@ -1,4 +1,4 @@
-"""The fused CPU kernels of the chunk forms (csrc/chunk_cpu.cpp): building, loading, the switch.
+"""The fused CPU kernels of the chunk forms (csrc/): building, loading, the switch.
 
 The batched forms in harness.ops.linear_chunk and harness.ops.decay_chunk stream every tensor
 through main memory once per product; on a CPU that traffic, not the arithmetic, sets their
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "csrc" / "chunk_cpu.cpp"
-SOURCES = (SOURCE, Path(__file__).parent / "csrc" / "conv_cpu.cpp")  # one extension module
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = tuple(sorted(CSRC.glob("*.cpp")))  # one extension module (csrc/chunk_cpu.h lists its files)
 DTYPES = (torch.float32, torch.float64)
 
 _enabled = os.environ.get("HARNESS_FUSED_CPU", "1") != "0"

@@ -121,7 +121,7 @@ class LinearChunk(torch.autograd.Function):
 
 
 class LinearChunkCPU(torch.autograd.Function):
-    """:class:`LinearChunk` through the fused CPU kernel (harness/ops/csrc/chunk_cpu.cpp): same
+    """:class:`LinearChunk` through the fused CPU kernel (harness/ops/csrc/linear_cpu.cpp): same
     signature and results; A is recomputed in the backward pass instead of saved."""
 
     @staticmethod

@@ -1,4 +1,5 @@
-// The short causal depthwise convolution of the mixers (harness.ops.conv), fused for the CPU.
+// The short causal depthwise convolution of the mixers, fused for the CPU (harness/ops/conv.py
+// holds its PyTorch forms, F.conv1d its oracle): ConvKernel of chunk_cpu.h.
 //
 // y[b, t, c] = bias[c] + sum_i w[i, c] x[b, t - K + 1 + i, c] (x zero before t = 0), on the
 // (B, T, C) layout the projections produce, in one pass per direction. The PyTorch forms take
@@ -7,16 +8,12 @@
 // Backward: dx[b, s, c] = sum_i w[i, c] dy[b, s + K - 1 - i, c]; dw[i, c] and dbias[c] are sums
 // over (b, t), accumulated per block of sequences and added in a fixed order (deterministic
 // for a given thread count).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "chunk_cpu.h"
 
-#include <algorithm>
-#include <vector>
-
-namespace {
+namespace harness_cpu {
 
 template <typename T>
-void conv_forward_impl(const T* x, const T* w, const T* bias, T* y, int64_t B, int64_t L, int64_t C, int64_t K) {
+void ConvKernel<T>::forward(const T* x, const T* w, const T* bias, T* y, int64_t B, int64_t L, int64_t C, int64_t K) {
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const T* xb = x + b * L * C;
@@ -36,8 +33,8 @@ void conv_forward_impl(const T* x, const T* w, const T* bias, T* y, int64_t B, i
 }
 
 template <typename T>
-void conv_backward_impl(const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t B, int64_t L,
-                        int64_t C, int64_t K) {
+void ConvKernel<T>::backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t B, int64_t L,
+                             int64_t C, int64_t K) {
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(B, at::get_num_threads()));
   std::vector<T> partial(parts * (K + 1) * C, T(0));  // per block of sequences: dw (K x C), then dbias
   at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
@@ -79,39 +76,7 @@ void conv_backward_impl(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db
   }
 }
 
-void check_conv(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), name, " must be a contiguous CPU tensor");
-}
+template struct ConvKernel<float>;
+template struct ConvKernel<double>;
 
-// x (B, T, C), w (K, C), bias (C) -> y (B, T, C).
-torch::Tensor conv_forward(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
-  for (auto* t : {&x, &w, &bias}) check_conv(*t, "x, weight, bias");
-  const auto B = x.size(0), L = x.size(1), C = x.size(2), K = w.size(0);
-  auto y = torch::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_cpu_forward", [&] {
-    conv_forward_impl<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), bias.data_ptr<scalar_t>(),
-                                y.data_ptr<scalar_t>(), B, L, C, K);
-  });
-  return y;
-}
-
-// Returns dx (B, T, C), dw (K, C), dbias (C).
-std::vector<torch::Tensor> conv_backward(torch::Tensor x, torch::Tensor w, torch::Tensor dy) {
-  for (auto* t : {&x, &w}) check_conv(*t, "x, weight");
-  dy = dy.contiguous();
-  const auto B = x.size(0), L = x.size(1), C = x.size(2), K = w.size(0);
-  auto dx = torch::empty_like(x), dw = torch::empty_like(w), dbias = torch::empty({C}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_cpu_backward", [&] {
-    conv_backward_impl<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-                                 dx.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), dbias.data_ptr<scalar_t>(),
-                                 B, L, C, K);
-  });
-  return {dx, dw, dbias};
-}
-
-}  // namespace
-
-void register_conv(pybind11::module& m) {
-  m.def("conv_forward", &conv_forward, "fused CPU short causal depthwise convolution (forward)");
-  m.def("conv_backward", &conv_backward, "fused CPU short causal depthwise convolution (backward)");
-}
+}  // namespace harness_cpu

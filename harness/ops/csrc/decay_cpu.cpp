@@ -1,0 +1,140 @@
+// Decayed attention's chunk form with one scalar gate per position (RetNet, Mamba-2), fused for
+// the CPU (harness/ops/decay_chunk.py is its batched form and oracle): ScalarDecayKernel of
+// chunk_cpu.h.
+//
+// Per chunk (b_i the log decay from the chunk start, b_C at its end, M_ij = e^{b_i - b_j} for
+// j <= i, else 0; A = (q k^T) * M):
+//   o = e^{b} q S + A v                S = e^{b_C} S + (e^{b_C - b} k)^T v
+// and backward, with dA = (do v^T) * M:
+//   dq = dA k + e^{b} do S^T    dk = dA^T q + e^{b_C - b} v G^T    dv = A^T do + e^{b_C - b} k G
+//   db_i = q_i . dq_i - k_i . dk_i (the log-decay gradient before its suffix sum over time)
+//   G = e^{b_C} G + (e^{b} q)^T do
+#include "chunk_cpu.h"
+
+namespace harness_cpu {
+namespace {
+
+// Multiply the lower triangle by e^{b_i - b_j} (every exponent <= 0 for log decays <= 0) and zero
+// the strict upper triangle.
+template <typename T>
+void decay_mask(T* a, const T* b, int64_t c) {
+  for (int64_t i = 0; i < c; ++i) {
+    for (int64_t j = 0; j <= i; ++j) a[i * c + j] *= std::exp(b[i] - b[j]);
+    std::fill(a + i * c + i + 1, a + (i + 1) * c, T(0));
+  }
+}
+
+// The decay factors of one chunk from its log decays x: b (the log decay from the chunk start),
+// fq = e^{b}, fk = e^{b_C - b}, and the scaled rows qs = fq q, ks = fk k. Returns b_C.
+template <typename T>
+T decay_factors(const T* x, const T* q, const T* k, int64_t c, int64_t dk, T* b, T* fq, T* fk, T* qs, T* ks) {
+  T acc = 0;
+  for (int64_t i = 0; i < c; ++i) b[i] = (acc += x[i]);
+  const T b_end = b[c - 1];
+  for (int64_t i = 0; i < c; ++i) {
+    fq[i] = std::exp(b[i]);
+    fk[i] = std::exp(b_end - b[i]);
+#pragma omp simd
+    for (int64_t d = 0; d < dk; ++d) {
+      qs[i * dk + d] = q[i * dk + d] * fq[i];
+      ks[i * dk + d] = k[i * dk + d] * fk[i];
+    }
+  }
+  return b_end;
+}
+
+
+}  // namespace
+
+template <typename T>
+void ScalarDecayKernel<T>::forward(const T* q, const T* k, const T* v, const T* x, const T* s0, T* o, T* starts,
+                                   T* s_final, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv) {
+  parallel_sequences(m, [&](int64_t first, int64_t last) {
+    std::vector<T> a(c * c), b(c), fq(c), fk(c), qs(c * dk), ks(c * dk);
+    for (int64_t s = first; s < last; ++s) {
+      T* S = s_final + s * dk * dv;
+      start_state(S, s0, s, dk * dv);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t ch = s * n + j;
+        const T* Q = q + ch * c * dk;
+        const T* K = k + ch * c * dk;
+        const T* V = v + ch * c * dv;
+        const T* X = x + ch * c;
+        T* O = o + ch * c * dv;
+        std::copy(S, S + dk * dv, starts + ch * dk * dv);
+        const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
+        mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // q k^T, then the decay mask
+        decay_mask(a.data(), b.data(), c);
+        mm<T>(false, false, c, dv, dk, qs.data(), dk, S, dv, T(0), O, dv);  // e^b q S
+        mm<T>(false, false, c, dv, c, a.data(), c, V, dv, T(1), O, dv);  // + A v
+        const T decay = std::exp(b_end);
+#pragma omp simd
+        for (int64_t e = 0; e < dk * dv; ++e) S[e] *= decay;
+        mm<T>(true, false, dk, dv, c, ks.data(), dk, V, dv, T(1), S, dv);  // + (e^{b_C - b} k)^T v
+      }
+    }
+  });
+}
+
+template <typename T>
+void ScalarDecayKernel<T>::backward(const T* q, const T* k, const T* v, const T* x, const T* starts, const T* dout,
+                                    const T* ds_final, T* dq, T* dk_, T* dv_, T* db, T* ds0, int64_t m, int64_t n,
+                                    int64_t c, int64_t dk, int64_t dv) {
+  parallel_sequences(m, [&](int64_t first, int64_t last) {
+    std::vector<T> a(c * c), da(c * c), b(c), fq(c), fk(c), mask(c * c), qs(c * dk), ks(c * dk), tmp(c * dk);
+    for (int64_t s = first; s < last; ++s) {
+      T* G = ds0 + s * dk * dv;  // the running state gradient lives in the output
+      std::copy(ds_final + s * dk * dv, ds_final + (s + 1) * dk * dv, G);
+      for (int64_t j = n - 1; j >= 0; --j) {
+        const int64_t ch = s * n + j;
+        const T* Q = q + ch * c * dk;
+        const T* K = k + ch * c * dk;
+        const T* V = v + ch * c * dv;
+        const T* X = x + ch * c;
+        const T* dO = dout + ch * c * dv;
+        const T* S = starts + ch * dk * dv;
+        const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
+        std::fill(mask.begin(), mask.end(), T(1));
+        decay_mask(mask.data(), b.data(), c);
+        mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // A, recomputed
+        mm<T>(false, true, c, c, dv, dO, dv, V, dv, T(0), da.data(), c);  // dA = (do v^T) * M
+#pragma omp simd
+        for (int64_t e = 0; e < c * c; ++e) {
+          a[e] *= mask[e];
+          da[e] *= mask[e];
+        }
+        T* dQ = dq + ch * c * dk;
+        T* dK = dk_ + ch * c * dk;
+        T* dV = dv_ + ch * c * dv;
+        mm<T>(false, true, c, dk, dv, dO, dv, S, dv, T(0), tmp.data(), dk);  // do S^T, rows scaled by e^b
+        mm<T>(false, false, c, dk, c, da.data(), c, K, dk, T(0), dQ, dk);
+        for (int64_t i = 0; i < c; ++i)
+#pragma omp simd
+          for (int64_t d = 0; d < dk; ++d) dQ[i * dk + d] += fq[i] * tmp[i * dk + d];
+        mm<T>(false, true, c, dk, dv, V, dv, G, dv, T(0), tmp.data(), dk);  // v G^T, rows scaled by e^{b_C - b}
+        mm<T>(true, false, c, dk, c, da.data(), c, Q, dk, T(0), dK, dk);
+        for (int64_t i = 0; i < c; ++i)
+#pragma omp simd
+          for (int64_t d = 0; d < dk; ++d) dK[i * dk + d] += fk[i] * tmp[i * dk + d];
+        mm<T>(true, false, c, dv, c, a.data(), c, dO, dv, T(0), dV, dv);  // dv = A^T do
+        mm<T>(false, false, c, dv, dk, ks.data(), dk, G, dv, T(1), dV, dv);  //    + (e^{b_C - b} k) G
+        T* dB = db + ch * c;
+        for (int64_t i = 0; i < c; ++i) {
+          T acc_b = 0;
+#pragma omp simd reduction(+ : acc_b)
+          for (int64_t d = 0; d < dk; ++d) acc_b += Q[i * dk + d] * dQ[i * dk + d] - K[i * dk + d] * dK[i * dk + d];
+          dB[i] = acc_b;
+        }
+        const T decay = std::exp(b_end);  // G for the chunk before: e^{b_C} G + (e^b q)^T do
+#pragma omp simd
+        for (int64_t e = 0; e < dk * dv; ++e) G[e] *= decay;
+        mm<T>(true, false, dk, dv, c, qs.data(), dk, dO, dv, T(1), G, dv);
+      }
+    }
+  });
+}
+
+template struct ScalarDecayKernel<float>;
+template struct ScalarDecayKernel<double>;
+
+}  // namespace harness_cpu
