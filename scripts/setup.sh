@@ -39,8 +39,9 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 echo "[setup] installing recall-harness and its dependencies"
 quietly "$VPY" -m pip install --quiet -e ".[dev]"
-# The fused CPU kernels of the chunk forms are compiled once here (about 25 s, cached), so the
-# first run does not pay for it; without a compiler it warns and the batched form runs.
+# The fused CPU kernels of the chunk forms are compiled once here (about a minute of two cores,
+# cached under a hash of their sources), so the first run does not pay for it; without a
+# compiler it warns and the batched form runs.
 echo "[setup] building the fused CPU kernel"
 "$VPY" -c "from harness.ops.fused_cpu import build; build()"
 echo "$want" > "$stamp"

@@ -75,12 +75,13 @@ def test_low_precision_and_switched_off_take_the_batched_form(monkeypatch):
     assert not fused.applies(torch.rand(4, 3, 8, 4))
 
 
-def test_a_failed_build_warns_once_and_falls_back(monkeypatch, capsys):
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch, capsys, tmp_path):
     import torch.utils.cpp_extension as cpp
 
     def broken(**kwargs):
         raise RuntimeError("Error building extension: no compiler")
 
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no finished build to import
     monkeypatch.setattr(fused, "_module", None)
     monkeypatch.setattr(fused, "_failed", False)
     monkeypatch.setattr(cpp, "load", broken)
