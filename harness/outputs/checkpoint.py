@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 
 from harness.errors import DamagedFile, OutputError, first_line, shown
 from harness.outputs.results import (RESULTS_FILE, atomic_write, config_hash, discard, flat_config, hashed_items,
-                                     parse_results, read_results, temporary_path)
+                                     parse_results, temporary_path)
 
 LEGACY_FILE = "checkpoint.pt"  # the single, unverified checkpoint of earlier versions: still resumed
 MODEL_FILE = "model.pt"
