@@ -10,7 +10,10 @@ Each sweep's results live in ``<results>/<experiment>/``; the default results ro
 (``+experiment=paper/<name>`` for the paper profile). Every figure is written as PNG and
 PDF; a figure whose data is absent is skipped with a warning, and the command then exits 1
 naming it. Bad arguments (a results path that does not exist, an unknown figure, an output
-folder that cannot be written) stop it with one line and exit code 2 before any work.
+folder that cannot be written) stop it with one line and exit code 2 before any work. A run
+whose results.json is damaged or malformed is left out of its figure with a note naming the
+file. The attention figure reopens runs with harness.load_run; a run whose config names outside
+code (a dotted model.name) is refused unless ``--trust-code`` is given.
 
 ``--smoke`` runs every experiment file of the profile (discovered from
 harness/conf/experiment/<profile>/, so a new experiment needs no list here) through the same
@@ -54,6 +57,7 @@ class FigureSpec:
     experiment: str | None    # sweep it reads from <results>/<experiment>; None: needs no runs
     draw: Callable
     also: tuple[str, ...] = ()  # other sweeps whose results it draws too (run when missing)
+    reopens_runs: bool = False  # draws from runs' weights (harness.load_run): takes trust_code
 
     @property
     def experiments(self) -> tuple[str, ...]:
@@ -65,7 +69,7 @@ FIGURES = (
     # trained runs (filled) beside the untrained probe (hollow): the capacity sweep's runs
     FigureSpec("snr", "snr", snr_figure, also=("capacity",)),
     FigureSpec("sharpness", "sharpness", sharpness_figure),
-    FigureSpec("attention", "sharpness", attention_figure),  # reopens the sweep's softmax and elu runs
+    FigureSpec("attention", "sharpness", attention_figure, reopens_runs=True),  # the sweep's softmax and elu runs
     FigureSpec("mqar", "mqar", mqar_figure),
     FigureSpec("induction", "induction", induction_figure),
     FigureSpec("state_vs_kv", None, state_figure),
@@ -144,16 +148,20 @@ def load_figure_data(root: Path, spec: FigureSpec):
     return pd.concat(frames, ignore_index=True, sort=False)
 
 
-def render(specs, root: Path, out_dir: Path) -> tuple[dict[str, list[Path]], list[str]]:
+def render(specs, root: Path, out_dir: Path, *, trust_code: bool = False) -> tuple[dict[str, list[Path]], list[str]]:
     """Draw and save each figure from ``root``: (paths of the figures written, names not drawn).
 
     A figure whose data is absent is skipped with its warning; one that raises is reported;
-    the others are still drawn either way.
+    the others are still drawn either way. A run whose results.json is damaged or malformed is
+    left out of its figure, named in a note (analysis.loader keeps it as a failed run).
+    ``trust_code``: figures that reopen runs may import the outside code (a dotted model.name)
+    their configs name (harness.load_run's trust_code); otherwise such a run is refused.
     """
     written, missed = {}, []
     for spec in specs:
+        options = {"trust_code": trust_code} if spec.reopens_runs else {}
         try:
-            fig = spec.draw() if spec.experiment is None else spec.draw(load_figure_data(root, spec))
+            fig = spec.draw() if spec.experiment is None else spec.draw(load_figure_data(root, spec), **options)
         except NoResultsError as err:
             warn(f"figure {spec.name} skipped: {err}")
             missed.append(spec.name)
@@ -226,7 +234,7 @@ def main(argv=None) -> int:
     if not args.results:
         experiments = dict.fromkeys(e for s in specs for e in s.experiments)
         run_missing_sweeps(root, experiments, args.profile)
-    written, missed = render(specs, root, out_dir)
+    written, missed = render(specs, root, out_dir, trust_code=args.trust_code)
     return report(written, missed, specs, out_dir)
 
 
@@ -256,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", help="plot existing results under this root; run nothing")
     parser.add_argument("--only", nargs="+", choices=[s.name for s in FIGURES], metavar="FIGURE",
                         help="draw only these figures: " + ", ".join(s.name for s in FIGURES))
+    parser.add_argument("--trust-code", action="store_true",
+                        help="let figures that reopen trained runs (attention) import the outside code a run's "
+                             "config names (a dotted model.name or task module); without it such a run is refused")
     parser.add_argument("--smoke", action="store_true",
                         help="run every experiment of the profile with one training step per job on the CPU "
                              "(results under results/<profile>-smoke), draw the figures, print the full cost")

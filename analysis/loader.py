@@ -12,8 +12,8 @@ with a run column keeps its name; the run's value moves to ``run.<name>`` (the p
 table's ``model`` is the probed mixer, the run's becomes ``run.model``).
 
 Failed and unfinished runs never stop a load: a run directory without results.json is
-skipped, an unreadable results.json is kept as a failed run, and a run without a table
-simply contributes no rows to it.
+skipped, an unreadable or malformed results.json is kept as a failed run whose error names the
+file, and a run without a table simply contributes no rows to it.
 """
 from __future__ import annotations
 
@@ -89,11 +89,11 @@ def read_run(file: str | os.PathLike) -> tuple[dict, dict[str, list[dict]]]:
     file = Path(file)
     try:
         data = json.loads(file.read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"top level is {type(data).__name__}, not an object")
-    except (OSError, ValueError) as err:
-        # A run killed while writing leaves a truncated file: keep it visible as a failure.
-        data = {"status": "failed", "error": f"unreadable {RESULTS_FILE}: {err}"}
+        malformed(data)
+    except (OSError, ValueError, RecursionError) as err:
+        # A run killed while writing leaves a truncated file, an edit or another program a file
+        # of another shape: keep it visible as a failed run that names the file, never a crash.
+        data = {"status": "failed", "error": f"unreadable {RESULTS_FILE} ({file}): {err}"}
 
     config = data.get("config") or _saved_config(file.parent)
     record = {
@@ -118,6 +118,20 @@ def read_run(file: str | os.PathLike) -> tuple[dict, dict[str, list[dict]]]:
         if isinstance(value, list)
     }
     return record, tables
+
+
+def malformed(data) -> None:
+    """ValueError saying what is wrong with a parsed results.json that is not shaped as the
+    harness writes it (schema in the README): an object whose run fields are plain values and
+    whose config, summary and env are objects. Table rows that are not objects are skipped."""
+    if not isinstance(data, dict):
+        raise ValueError(f"top level is {type(data).__name__}, not an object")
+    for key in ("config", "summary", "env"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise ValueError(f"'{key}' is {type(data[key]).__name__}, not an object")
+    for key in RUN_COLUMNS[1:]:
+        if isinstance(data.get(key), (dict, list)):
+            raise ValueError(f"'{key}' is {type(data[key]).__name__}, not a single value")
 
 
 def _collect(path) -> tuple[pd.DataFrame, dict[str, list[tuple[int, dict]]]]:

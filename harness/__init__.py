@@ -15,8 +15,10 @@ from harness import allocator
 allocator.configure()
 
 
-def load_run(run_dir, *, device="cpu"):
-    """A finished run's model (trained weights), config and results: harness.outputs.load.Run."""
+def load_run(run_dir, *, device="cpu", trust_code=False):
+    """A finished run's model (trained weights), config and results: harness.outputs.load.Run.
+    ``trust_code=True`` allows a run whose config names outside code (a dotted model.name or
+    task module), which loading imports and runs; built-in mixers and tasks need nothing."""
     from harness.outputs.load import load_run as load
 
-    return load(run_dir, device=device)
+    return load(run_dir, device=device, trust_code=trust_code)

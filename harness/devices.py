@@ -1,6 +1,7 @@
 """Which device a run uses, and how much memory it has: the facts resource checks start from."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -39,9 +40,10 @@ def parse_bytes(text: str) -> int:
         value = float(digits)
     except ValueError:
         value = -1.0
-    if unit not in _UNITS or not value > 0:
+    size = value * _UNITS.get(unit, 0)
+    if not (math.isfinite(size) and size > 0):  # infGiB, 1e300TiB: no int holds them
         raise ValueError(f"{LIMIT_ENV}={text!r}: expected a size such as 8GiB or 512MiB")
-    return int(value * _UNITS[unit])
+    return int(size)
 
 
 def _cgroup_limit() -> int | None:

@@ -7,6 +7,7 @@ errors are ValueErrors (exit code 2) and are raised before any work starts.
 from __future__ import annotations
 
 import os
+import re
 
 
 class RunError(RuntimeError):
@@ -53,6 +54,24 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message, at most `limit` characters."""
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# An error line names the value it refuses, and a value can be anything a user typed or a file
+# held (a 100,000-character model.name): what is printed keeps each value's start and end.
+LONG_VALUE = 400   # characters of one unbroken value (no spaces) shown whole; a long path still fits
+LONG_LINE = 2000   # characters of a whole message shown whole
+
+
+def _cut(text: str, limit: int) -> str:
+    keep_head, keep_tail = limit * 2 // 3, limit // 5
+    return f"{text[:keep_head]}...[{len(text) - keep_head - keep_tail:,} characters]...{text[-keep_tail:]}"
+
+
+def shown(message: object) -> str:
+    """A message as the user sees it: every unbroken run of more than LONG_VALUE characters, and
+    then the whole message if it is still over LONG_LINE, cut in the middle, saying how much."""
+    text = re.sub(r"\S{%d,}" % (LONG_VALUE + 1), lambda m: _cut(m.group(0), LONG_VALUE), str(message))
+    return text if len(text) <= LONG_LINE else _cut(text, LONG_LINE)
 
 
 class ResourceError(ValueError):

@@ -48,3 +48,31 @@ def test_single_run_writes_outputs(run_harness, tmp_path):
     assert (out / "config.yaml").exists() and (out / "model.pt").exists()
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) >= 2 and all("accuracy" in json.loads(x) for x in lines)
+
+
+@pytest.mark.parametrize("value", ["a" * 100_000, "pkg." * 25_000 + "Mixer", "x " * 50_000],
+                         ids=["a-name", "a-dotted-path", "many-words"])
+def test_a_huge_value_is_cut_in_the_error_line(value, tmp_path, capsys, monkeypatch):
+    """The line names the value by its start and end, and says how much is left out."""
+    import sys
+
+    from harness.run import cli
+
+    monkeypatch.setattr(sys, "argv", ["harness"])
+    with pytest.raises(SystemExit) as stop:
+        cli.main([f"model.name='{value}'", "trainer=debug", "logger=none", f"out_dir={tmp_path / 'run'}"])
+    assert stop.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("harness: error: "), lines[0][:300]
+    assert len(lines[0]) < 2_100 and "characters]..." in lines[0] and "model.name" in lines[0]
+    assert value[:100] in lines[0]
+
+
+def test_shown_cuts_only_what_is_long():
+    from harness.errors import LONG_VALUE, shown
+
+    path = "/very/" + "deep/" * 60 + "results.json"  # a long path still reads whole
+    assert len(path) < LONG_VALUE and shown(f"cannot write {path}: full") == f"cannot write {path}: full"
+    cut = shown("model.name=" + "a" * 10_000 + " is unknown")
+    assert cut.startswith("model.name=aaa") and cut.endswith("aaa is unknown")
+    assert "...[9,665 characters]..." in cut

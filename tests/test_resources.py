@@ -55,6 +55,20 @@ def test_memory_limit_reads_the_device_and_the_override(monkeypatch):
         parse_bytes("lots")
 
 
+@pytest.mark.parametrize("text", ["infGiB", "inf", "nanMiB", "1e300TiB", "-1GiB", "0", "GiB"])
+def test_a_size_no_machine_has_is_one_line(text, monkeypatch, capsys, tmp_path):
+    """inf, nan and sizes past what a float holds in bytes are bad values, not an OverflowError."""
+    with pytest.raises(ValueError, match=f"{LIMIT_ENV}='{text}': expected a size such as 8GiB"):
+        parse_bytes(text)
+    monkeypatch.setenv(LIMIT_ENV, text)
+    monkeypatch.setattr(sys, "argv", ["harness"])
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["trainer=debug", "logger=none", f"out_dir={tmp_path / 'run'}"])
+    assert stop.value.code == 2
+    assert one_line(capsys.readouterr().err).startswith(f"harness: error: {LIMIT_ENV}='{text}'")
+    assert not (tmp_path / "run").exists()
+
+
 # ----- refused before any allocation -------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, starts", [

@@ -169,3 +169,14 @@ def test_resume_without_a_checkpoint_is_one_line(tmp_path, capsys, where, why):
     (tmp_path / "empty").mkdir()
     line = fails_in_one_line([f"trainer.resume={tmp_path / where}", f"out_dir={tmp_path / 'out'}"], capsys)
     assert why in line and "trainer.resume=" in line
+
+
+def test_resume_from_a_directory_that_is_no_run_touches_nothing(tmp_path, capsys):
+    """trainer.resume=/etc, say: refused before the run claims the directory (no lock file)."""
+    foreign = tmp_path / "etc"
+    foreign.mkdir()
+    (foreign / "hostname").write_text("box\n")
+    line = fails_in_one_line([f"trainer.resume={foreign}", f"out_dir={tmp_path / 'out'}"], capsys)
+    assert f"trainer.resume={foreign}: nothing to resume" in line and "not a harness run directory" in line
+    assert sorted(p.name for p in foreign.iterdir()) == ["hostname"]
+    assert not (tmp_path / "out").exists()

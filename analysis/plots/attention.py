@@ -51,9 +51,11 @@ def trained_runs(data: pd.DataFrame, models=MODELS) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def attention_map(run_dir: str, *, example: int = 0, layer: int | None = None, head: int | None = None) -> AttentionMap:
-    """The effective weights of one head (default: the run's retrieval head) on one example."""
-    run = harness.load_run(run_dir)
+def attention_map(run_dir: str, *, example: int = 0, layer: int | None = None, head: int | None = None,
+                  trust_code: bool = False) -> AttentionMap:
+    """The effective weights of one head (default: the run's retrieval head) on one example;
+    ``trust_code``: harness.load_run's (a run whose config names outside code)."""
+    run = harness.load_run(run_dir, trust_code=trust_code)
     summary = run.results.get("summary", {})
     layer = int(summary.get("retrieval_layer") or 0) if layer is None else layer
     head = int(summary.get("retrieval_head") or 0) if head is None else head
@@ -90,10 +92,10 @@ def _draw(ax, amap: AttentionMap) -> object:
 
 
 @figure("attention")
-def attention_figure(data, models=MODELS) -> Figure:
+def attention_figure(data, models=MODELS, trust_code: bool = False) -> Figure:
     """Effective attention of each model's best run on one held-out example of its task."""
     runs = trained_runs(data, models)
-    maps = [attention_map(d) for d in runs["run_dir"]]
+    maps = [attention_map(d, trust_code=trust_code) for d in runs["run_dir"]]
     fig, axes = new_figure(1, len(maps), panel=(4.4, 4.4), legend=0.0)
     im = None
     for ax, amap in zip(axes, maps):

@@ -18,6 +18,7 @@ checksum results.json records for them (`load_model`).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -33,9 +34,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from harness.errors import DamagedFile, OutputError
-from harness.outputs.results import (RESULTS_FILE, atomic_write, config_hash, flat_config, hashed_items,
-                                     read_results)
+from harness.errors import DamagedFile, OutputError, first_line, shown
+from harness.outputs.results import (RESULTS_FILE, atomic_write, config_hash, discard, flat_config, hashed_items,
+                                     parse_results, temporary_path)
 
 LEGACY_FILE = "checkpoint.pt"  # the single, unverified checkpoint of earlier versions: still resumed
 MODEL_FILE = "model.pt"
@@ -79,9 +80,51 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+class _WriteErrors:
+    """A file open for writing that keeps the first error of its writes. torch's zip writer does
+    not pass a failed write on: a full disk surfaces later as "unexpected pos 289344 vs 289232"
+    in a RuntimeError, and the disk's own error (ENOSPC) is only known here."""
+
+    def __init__(self, raw: io.FileIO) -> None:
+        self._raw = raw
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):  # a nearly full disk takes part of a write, then refuses
+                done += self._raw.write(view[done:]) or 0
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+        return done
+
+    def flush(self) -> None:
+        pass  # unbuffered
+
+
+def write_tensors(payload: dict[str, Any], path: Path) -> None:
+    """torch.save into a file the harness opened: a write that fails (a full disk) is the
+    OSError of that write ("No space left on device"), whatever torch makes of it; any other
+    RuntimeError from torch's zip writer is a failed write too (an OSError saying so)."""
+    with open(path, "wb", buffering=0) as raw:
+        out = _WriteErrors(raw)
+        try:
+            torch.save(payload, out)
+        except (RuntimeError, OSError) as exc:
+            if out.error is not None:
+                raise out.error from None
+            if isinstance(exc, OSError):
+                raise
+            raise OSError(errno.EIO, f"torch.save failed ({first_line(exc)})") from exc
+        if out.error is not None:  # swallowed on the way and never reported: still a failed write
+            raise out.error
+
+
 def save(path: Path, payload: dict[str, Any]) -> dict[str, Any]:
     """Write payload atomically; returns {"sha256", "bytes"} of what is on disk."""
-    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+    atomic_write(path, lambda tmp: write_tensors(payload, tmp))
     return {"sha256": file_digest(path), "bytes": path.stat().st_size}
 
 
@@ -115,14 +158,21 @@ def _load_checked(path: Path, digest: str | None, map_location="cpu") -> dict[st
 # ----- training checkpoints ----------------------------------------------------------------------
 
 
-def checkpoint_files(out_dir: Path) -> list[tuple[int, Path, str | None]]:
-    """(step, path, digest) of every checkpoint in out_dir, newest first; a legacy checkpoint.pt
-    (no checksum; its step unknown until loaded) comes last."""
-    out_dir = Path(out_dir)
+def _checkpoint_names(out_dir: Path) -> list[tuple[str, bool]]:
+    """(name, is a file) of every entry of out_dir named as a checkpoint is."""
     try:
-        names = os.listdir(out_dir)
+        with os.scandir(out_dir) as entries:
+            return [(e.name, e.is_file()) for e in entries if e.name == LEGACY_FILE or _NAME.fullmatch(e.name)]
     except OSError:
         return []
+
+
+def checkpoint_files(out_dir: Path) -> list[tuple[int, Path, str | None]]:
+    """(step, path, digest) of every checkpoint in out_dir, newest first; a legacy checkpoint.pt
+    (no checksum; its step unknown until loaded) comes last. Only files count: a directory that
+    carries a checkpoint's name (a copy gone wrong) is no checkpoint, and never removed."""
+    out_dir = Path(out_dir)
+    names = [name for name, is_file in _checkpoint_names(out_dir) if is_file]
     found = [(int(m.group(1)), out_dir / name, m.group(2)) for name in names if (m := _NAME.fullmatch(name))]
     found.sort(key=lambda f: f[0], reverse=True)
     if LEGACY_FILE in names:
@@ -130,38 +180,54 @@ def checkpoint_files(out_dir: Path) -> list[tuple[int, Path, str | None]]:
     return found
 
 
+def not_checkpoints(out_dir: Path) -> list[Path]:
+    """Entries of out_dir that carry a checkpoint's name but are not files (directories)."""
+    return [Path(out_dir) / name for name, is_file in _checkpoint_names(out_dir) if not is_file]
+
+
 def latest_checkpoint(out_dir: Path) -> Path | None:
     files = checkpoint_files(out_dir)
     return files[0][1] if files else None
 
 
-def save_checkpoint(out_dir: Path, step: int, payload: dict[str, Any]) -> Path:
+def save_checkpoint(out_dir: Path, step: int, payload: dict[str, Any]) -> Path | None:
     """Write the checkpoint of ``step`` (checksum in its name), then keep only the newest KEEP.
 
     The bytes go to a temporary file, are synced, hashed as they are on disk and renamed to the
     name that carries the hash: a kill at any moment leaves the previous checkpoints as they
-    were (and at worst a stray temporary file, replaced by the next write)."""
+    were (and at worst a stray temporary file, replaced by the next write). A failed write (a
+    full disk) removes its temporary file and is an OutputError naming the directory. If a
+    directory already holds this checkpoint's name, the checkpoint is not kept (one warning;
+    None), and the run goes on with the ones it has."""
     out_dir = Path(out_dir)
     tmp = out_dir / "checkpoint.tmp"
     try:
-        torch.save(payload, tmp)
+        tmp = temporary_path(out_dir / "checkpoint")
+        write_tensors(payload, tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         path = out_dir / f"checkpoint-{step:08d}-{file_digest(tmp)[:DIGEST_LEN]}.pt"
+        if os.path.lexists(path) and not path.is_file():
+            discard(tmp)
+            warn(f"{path} is a directory, not a checkpoint: the checkpoint of step {step} is not kept "
+                 "(move that directory away)")
+            return None
         os.replace(tmp, path)
         for _, old, _ in checkpoint_files(out_dir)[KEEP:]:
             old.unlink(missing_ok=True)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         raise OutputError(f"cannot write a checkpoint in {out_dir}: {exc.strerror or exc}") from exc
     return path
 
 
 def remove_checkpoints(out_dir: Path) -> None:
-    """A finished run's checkpoints (model.pt and results.json replace them)."""
+    """A finished run's checkpoints (model.pt and results.json replace them), and any temporary
+    file a killed write left."""
     for _, path, _ in checkpoint_files(out_dir):
         path.unlink(missing_ok=True)
-    (Path(out_dir) / "checkpoint.tmp").unlink(missing_ok=True)
+    for tmp in (Path(out_dir) / "checkpoint.tmp", *Path(out_dir).glob(".checkpoint.*.tmp")):
+        discard(tmp)
 
 
 def warn(message: str) -> None:
@@ -176,28 +242,53 @@ def save_model(run_dir: Path, payload: dict[str, Any]) -> dict[str, Any]:
     return save(Path(run_dir) / MODEL_FILE, payload)
 
 
-def recorded_digest(run_dir: Path, name: str = MODEL_FILE) -> str | None:
-    """The sha256 results.json recorded for one of the run's files, or None."""
-    files = (read_results(Path(run_dir)) or {}).get("files")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def recorded_digest(run_dir: Path, name: str = MODEL_FILE,
+                    results: dict[str, Any] | None = None) -> str | None:
+    """The sha256 results.json records for one of the run's files; None when it records none
+    (no results.json, or one written before checksums were recorded: a warning says the file
+    is loaded unverified). DamagedFile (one line) when results.json is damaged or its record
+    is not a sha256: a check cannot switch itself off. ``results``: results.json, already read."""
+    run_dir = Path(run_dir)
+    if results is None:
+        results = parse_results(run_dir)
+    if results is None or "files" not in results:
+        where = f"no {RESULTS_FILE} beside it" if results is None else f"{RESULTS_FILE} records no checksums"
+        warn(f"{run_dir / name} is loaded unverified: {where} (a run written before checksums were "
+             "recorded, or the files of a run put together by hand)")
+        return None
+    files = results["files"]
     entry = files.get(name) if isinstance(files, dict) else None
     digest = entry.get("sha256") if isinstance(entry, dict) else None
-    return digest if isinstance(digest, str) else None
+    if not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+        got = (f"'files' is a {type(files).__name__}" if not isinstance(files, dict) else
+               f"it has no entry for {name}" if entry is None else
+               f"files.{name}.sha256 is {shown(repr(digest))}")
+        raise DamagedFile(f"{run_dir / RESULTS_FILE} is damaged: its checksum record for {name} is not a "
+                          f"sha256 ({got}), so {name} cannot be verified")
+    return digest
 
 
-def load_model(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_model(path: Path, map_location: str | torch.device = "cpu", *,
+               results: dict[str, Any] | None = None) -> dict[str, Any]:
     """A finished run's model.pt ({"model": state dict, "config": ...}), loaded with
-    ``weights_only=True`` and verified against the checksum its results.json records (runs
-    written before checksums were recorded: loading is the check). ``path``: the file or its
-    run directory. DamagedFile (a ValueError, one line) if it is missing or damaged."""
+    ``weights_only=True`` and verified against the checksum its results.json records (see
+    `recorded_digest`: none recorded is a warning). ``path``: the file or its run directory;
+    ``results``: its results.json, already read. DamagedFile (a ValueError, one line) if it is
+    missing or damaged."""
     path = Path(path)
     if path.is_dir():
         path = path / MODEL_FILE
-    if not path.exists():
+    if not path.is_file():
         raise DamagedFile(f"{path}: no such file (the run kept no weights: trainer.checkpoint=false, "
                           "or it did not finish)")
-    payload = _load_checked(path, recorded_digest(path.parent, path.name), map_location)
-    if "model" not in payload:
-        raise DamagedFile(f"{path} is damaged: it holds no 'model' entry")
+    payload = _load_checked(path, recorded_digest(path.parent, path.name, results), map_location)
+    if not isinstance(payload.get("model"), dict):
+        raise DamagedFile(f"{path} is damaged: it holds no 'model' state dict")
+    if not isinstance(payload.get("config"), dict):
+        raise DamagedFile(f"{path} is damaged: it holds no 'config' mapping")
     return payload
 
 
@@ -217,10 +308,11 @@ def damaged_outputs(run_dir: Path, results: dict[str, Any]) -> str | None:
     return None
 
 
-def _differences(saved: dict[str, Any], now: dict[str, Any], limit: int = 3) -> str:
+def config_differences(saved: dict[str, Any], now: dict[str, Any], limit: int = 3) -> str:
+    """The keys whose values differ between two flat configs, as `key: saved -> now, ...`."""
     keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-    shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+    listed = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in keys[:limit])
+    return listed + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def find_resume(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
@@ -231,13 +323,12 @@ def find_resume(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     Either way the checkpoint must belong to this configuration: a different one is refused
     with the keys that differ, rather than silently mixing two runs.
     """
+    for odd in not_checkpoints(out_dir):
+        warn(f"{odd} is a directory, not a checkpoint: ignored")
     files = checkpoint_files(out_dir)
     if not files:
         if cfg.trainer.resume:
-            done = read_results(Path(out_dir))
-            why = ("the run there has finished (results.json status ok)"
-                   if done and done.get("status") == "ok" else "no checkpoint there")
-            raise ValueError(f"trainer.resume={cfg.trainer.resume}: nothing to resume, {why}")
+            raise ValueError(f"trainer.resume={cfg.trainer.resume}: nothing to resume, {_why_nothing(Path(out_dir))}")
         return None
     path, saved, damaged = _first_usable(files)
     if saved is None:
@@ -251,8 +342,9 @@ def find_resume(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     if saved.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {saved.get('format')!r}, expected {FORMAT}; "
                          "delete it to start over")
-    if saved["config_hash"] != config_hash(cfg):
-        diff = _differences(hashed_items(saved["config"]), hashed_items(flat_config(cfg)))
+    if saved.get("config_hash") != config_hash(cfg):
+        recorded = saved.get("config") if isinstance(saved.get("config"), dict) else {}
+        diff = config_differences(hashed_items(recorded), hashed_items(flat_config(cfg)))
         raise ValueError(f"{path} belongs to another configuration ({diff}); use another out_dir, "
                          f"or delete the checkpoint to start over")
     return saved
@@ -276,7 +368,23 @@ def resume_dir(cfg: DictConfig) -> Path | None:
     path = Path(cfg.trainer.resume)
     if not path.is_dir():
         raise ValueError(f"trainer.resume={cfg.trainer.resume}: not a directory")
+    if not checkpoint_files(path):  # refused before the run claims (writes its lock into) the directory
+        raise ValueError(f"trainer.resume={cfg.trainer.resume}: nothing to resume, {_why_nothing(path)}")
     return path
+
+
+def _why_nothing(run_dir: Path) -> str:
+    """Why a directory named by trainer.resume holds nothing to resume."""
+    try:
+        done = parse_results(run_dir)
+    except DamagedFile:
+        done = {}
+    if done and done.get("status") == "ok":
+        return "the run there has finished (results.json status ok)"
+    if done is not None or (run_dir / "config.yaml").is_file():
+        return "no checkpoint there"
+    return ("no checkpoint there: it is not a harness run directory (no checkpoint, config.yaml or "
+            f"{RESULTS_FILE})")
 
 
 

@@ -1,13 +1,22 @@
 """Reopen a finished run for analysis: its model with the trained weights, its config, its results.
 
     run = harness.load_run("outputs/recall-elu/2026-12-01_14-21-34")
-    batch = run.batch(4)                                  # held-out examples of the run's task
+    batch = run.batch(4)                                  # held-out examples of its task
     with harness.hooks.capture(run.model) as cache:       # every hook point, as in measurement
         logits = run.model(batch.inputs)
 
-The weights load with torch.load(..., weights_only=True) (tensors and plain containers only) and
-are verified against the checksum results.json records (harness.outputs.checkpoint.load_model);
-the model is rebuilt from the config saved beside them, so it is the model that was trained.
+A run directory is data that may come from anywhere (a colleague, a cluster, a download), so
+nothing in it is taken on trust:
+
+- the weights load with torch.load(..., weights_only=True) (tensors and plain containers, never
+  pickled code) and are verified against the checksum results.json records
+  (harness.outputs.checkpoint.load_model; none recorded is a warning, a malformed record a refusal);
+- the model is rebuilt from the config saved beside the weights, which must be the config
+  results.json describes (the files of two runs mixed are refused, naming the keys that differ),
+  and the weights must fit the model that config builds, key for key and shape for shape;
+- a model or task that the config names by a dotted path is code outside the harness, which
+  building it would import and run: as with Hugging Face's ``trust_remote_code``, that needs
+  ``trust_code=True``; the built-in mixers and tasks load freely.
 """
 from __future__ import annotations
 
@@ -20,9 +29,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config.build import build_model, task_config
+from harness.errors import DamagedFile
+from harness.layers import registry
 from harness.model import LanguageModel
-from harness.outputs.checkpoint import load_model
-from harness.outputs.results import read_results
+from harness.outputs.checkpoint import MODEL_FILE, config_differences, load_model
+from harness.outputs.results import RESULTS_FILE, config_hash, flat_config, hashed_items, parse_results
+from harness.tasks import is_outside
 
 
 @dataclass
@@ -43,17 +55,80 @@ class Run:
         return self.task_module.make_batch(chosen, batch_size, seed=seed, device=device, split=split)
 
 
-def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu") -> Run:
+def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu", trust_code: bool = False) -> Run:
     """The run in `run_dir` (a directory with model.pt and results.json); ValueError with one
-    line if it is not a finished run with saved weights, or they are damaged."""
+    line if it is not a finished run with saved weights, if they are damaged or do not belong
+    to its config, or if its config names outside code and `trust_code` is not set."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"load_run: {run_dir} is not a directory")
-    saved = load_model(run_dir)
-    cfg = OmegaConf.create(saved["config"])
+    results = parse_results(run_dir)  # DamagedFile naming the file if it is not a JSON object
+    saved = load_model(run_dir, results=results)
+    weights = run_dir / MODEL_FILE
+    try:
+        cfg = OmegaConf.create(saved["config"])
+        names = {"model.name": cfg.model.name, "task.name": cfg.task.name}
+    except Exception as exc:  # a config that is not one (edited, or from another program)
+        raise DamagedFile(f"{weights} is damaged: its config is not a run's config ({type(exc).__name__})") from None
+    check_trusted(run_dir, names, trust_code)
+    if results is not None:
+        _check_same_run(weights, saved["config"], results)
     model = build_model(cfg)
-    model.load_state_dict(saved["model"])
+    _load_weights(model, saved["model"], weights, names["model.name"])
     model.to(device).eval()
     module, tcfg = task_config(cfg.task)
-    return Run(dir=run_dir, model=model, config=cfg, results=read_results(run_dir) or {},
+    return Run(dir=run_dir, model=model, config=cfg, results=results or {},
                task_module=module, task_config=tcfg)
+
+
+def check_trusted(run_dir: Path, names: dict[str, Any], trust_code: bool) -> None:
+    """Refuse (one line) a model.name or task.name that is not built in, i.e. a dotted path that
+    building the run would import, unless the caller trusts the run's code."""
+    # a mixer is imported only by a dotted path; a task by any name that is not built in
+    outside = {key: name for key, name in names.items()
+               if (registry.is_dotted(name) and name not in registry.builtin_names() if key == "model.name"
+                   else is_outside(name))}
+    if outside and not trust_code:
+        what = ", ".join(f"{key}={name}" for key, name in outside.items())
+        raise ValueError(f"load_run: {run_dir} names code outside the harness ({what}); loading it would "
+                         "import and run that module: if you trust it, pass trust_code=True "
+                         "(python -m analysis.figures: --trust-code)")
+
+
+def _check_same_run(weights: Path, saved_config: dict[str, Any], results: dict[str, Any]) -> None:
+    """model.pt's config must be the one results.json records: otherwise the two files come from
+    two runs, and the results would be read against the wrong model."""
+    recorded = results.get("config")
+    digest = results.get("config_hash")
+    if digest is None and not isinstance(recorded, dict):
+        return  # nothing recorded to compare with
+    if digest is not None and config_hash(saved_config) == digest:
+        return
+    if digest is None and hashed_items(flat_config(saved_config)) == hashed_items(recorded):
+        return
+    diff = config_differences(hashed_items(flat_config(saved_config)),
+                              hashed_items(recorded) if isinstance(recorded, dict) else {})
+    raise DamagedFile(f"{weights} was saved under another config than {weights.parent / RESULTS_FILE} "
+                      f"records (model.pt -> results.json: {diff or 'config_hash differs'}): "
+                      "the files of two runs are mixed")
+
+
+def _load_weights(model: torch.nn.Module, state: dict[str, Any], weights: Path, name: str) -> None:
+    """Load a state dict that must fit the model key for key and shape for shape; DamagedFile
+    naming what differs (torch's own message is many lines) otherwise."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    found = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for k, v in state.items()}
+    problems = []
+    for label, keys in (("missing", [k for k in expected if k not in found]),
+                        ("unexpected", [k for k in found if k not in expected])):
+        if keys:
+            problems.append(f"{label} {', '.join(map(str, keys[:3]))}" + (f" and {len(keys) - 3} more"
+                                                                        if len(keys) > 3 else ""))
+    shapes = [k for k in expected if k in found and found[k] != expected[k]]
+    if shapes:
+        problems.append("; ".join(f"{k}: {found[k]} saved, {expected[k]} built" for k in shapes[:3])
+                        + (f" and {len(shapes) - 3} more" if len(shapes) > 3 else ""))
+    if problems:
+        raise DamagedFile(f"{weights} does not fit the model its config builds (model.name={name}): "
+                          + "; ".join(problems))
+    model.load_state_dict(state)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import OutputError
+from harness.errors import DamagedFile, OutputError
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
@@ -112,23 +112,47 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def temporary_path(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place: ``<name>.tmp`` beside it (a
+    stray one, left by a killed process, is simply written over), or, when something that is
+    not a file sits at that name (a directory), a fresh name beside it, so that it is never in
+    the way and never removed."""
+    import tempfile
+
+    tmp = path.with_name(path.name + ".tmp")
+    if not os.path.lexists(tmp) or tmp.is_symlink() or tmp.is_file():
+        return tmp
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(name)
+
+
+def discard(tmp: Path) -> None:
+    """Remove a temporary file of ours after a failed write (never a directory); a failure here
+    must not hide the one being reported."""
+    try:
+        if tmp.is_symlink() or tmp.is_file():
+            tmp.unlink()
+    except OSError:
+        pass
+
+
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` then rename tmp onto path: readers (and a rerun after SIGKILL) see
     the old file or the new one, never half of one. An OSError (unwritable directory, full
-    disk) leaves no temporary file behind and becomes an OutputError naming the file."""
+    disk, a directory where the file should go) leaves no temporary file behind and becomes an
+    OutputError naming the file."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_path(path)
         write(tmp)
         with open(tmp, "rb") as f:  # on disk before the rename, so a crash cannot expose a hole
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+        discard(tmp)
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
@@ -141,11 +165,31 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     write_text(path, json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n")
 
 
-def read_results(run_dir: Path) -> dict[str, Any] | None:
+def parse_results(run_dir: Path) -> dict[str, Any] | None:
+    """A run's results.json, None if there is none; DamagedFile (one line naming the file) if it
+    is not a JSON object (cut short by a kill, or edited into something else)."""
     path = Path(run_dir) / RESULTS_FILE
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DamagedFile(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past what json parses
+        raise DamagedFile(f"{path} is damaged: it is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise DamagedFile(f"{path} is damaged: it holds a {type(data).__name__}, not a JSON object")
+    return data
+
+
+def read_results(run_dir: Path) -> dict[str, Any] | None:
+    """A run's results.json as a dict, or None if it is missing or damaged (what a skip check
+    wants: such a run is redone)."""
+    try:
+        return parse_results(run_dir)
+    except DamagedFile:
         return None
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from harness.config.compose import CONF_DIR, ConfigError, compose_config, with_outside_tasks
-from harness.errors import in_one_line
+from harness.errors import in_one_line, shown
 
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             if not in_one_line(exc):
                 raise
-            print(f"harness: error: {exc}", file=sys.stderr)
+            print(f"harness: error: {shown(exc)}", file=sys.stderr)
             raise SystemExit(2) from None
 
     import hydra
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         argv = with_outside_tasks(argv)  # in a sweep too: each job composes its task's schema
     except ConfigError as exc:
-        print(f"harness: error: {exc}", file=sys.stderr)
+        print(f"harness: error: {shown(exc)}", file=sys.stderr)
         raise SystemExit(2) from None
     sys.argv = [sys.argv[0], *argv]
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_job)()

@@ -13,7 +13,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import OutOfMemory, OutputError, RunError, first_line, in_one_line, is_out_of_memory
+from harness.errors import (OutOfMemory, OutputError, RunError, first_line, in_one_line, is_out_of_memory,
+                            shown)
 from harness.outputs.lock import LOCK_FILE, RunDirLock
 from harness.outputs.results import (RESULTS_FILE, base_results, config_hash, read_results, write_json,
                              write_text)
@@ -156,14 +157,15 @@ def discard_refused(run_dir: Path, cfg: DictConfig) -> None:
         parent = parent.parent
 
 
-def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool) -> dict[str, Any]:
+def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool, also: str = "") -> dict[str, Any]:
     """A failed job: in a sweep, report it and let the sweep go on; alone, exit non-zero with
-    one line (2 for bad input, 1 for a run error), or re-raise anything unexpected."""
+    one line (2 for bad input, 1 for a run error), or re-raise anything unexpected. ``also``:
+    what else went wrong on the way out (results.json not written), said in the same line."""
     if multirun and not cfg.sweep.fail_on_error:
-        print(f"[harness] run failed ({type(exc).__name__}: {exc}); sweep continues", file=sys.stderr)
+        print(f"[harness] run failed ({type(exc).__name__}: {shown(exc)}{also}); sweep continues", file=sys.stderr)
         return {"status": "failed", "error": str(exc)}
     if in_one_line(exc):
-        print(f"harness: error: {exc}", file=sys.stderr)
+        print(f"harness: error: {shown(exc)}{also}", file=sys.stderr)
         raise SystemExit(2 if isinstance(exc, ValueError) else 1) from None
     raise exc
 
@@ -228,8 +230,9 @@ def _run_claimed(cfg: DictConfig, out_dir: Path, run_dir: Path | None, multirun:
         failure.update(status="failed", error=f"{type(exc).__name__}: {exc}",
                        traceback=traceback.format_exc(), wall_time_s=time.time() - started,
                        **getattr(exc, "record", {}))
+        also = ""
         try:
             write_json(out_dir / RESULTS_FILE, failure)
         except OutputError as lost:  # e.g. the disk is full: the reason still reaches the user
-            print(f"[harness] {lost}", file=sys.stderr)
-        return _give_up(exc, cfg, multirun)
+            also = f"; {RESULTS_FILE} was not written either ({lost})" if str(lost) != str(exc) else ""
+        return _give_up(exc, cfg, multirun, also)

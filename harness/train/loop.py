@@ -446,9 +446,10 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
             if (due or terminate.requested) and step < max_steps:
                 watch.check()  # only a clean state is saved: the last checkpoint is always good
                 loop.elapsed_s = time.time() - started
-                ckpt_path = checkpoint.save_checkpoint(out_dir, step, _checkpoint_payload(
+                kept = checkpoint.save_checkpoint(out_dir, step, _checkpoint_payload(
                     cfg, model, opt, sched, loop, logger))
-                ckpt_step = step
+                if kept is not None:  # None: a directory holds its name (warned); the last one stands
+                    ckpt_path, ckpt_step = kept, step
                 if terminate.requested:
                     raise RunError(f"stopped by SIGTERM after step {step}; the checkpoint "
                                    f"{ckpt_path} holds it: rerun the same command to resume")
