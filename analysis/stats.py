@@ -188,29 +188,39 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str, *, count: str | Non
     """Per point of ``by``: n, mean, interval_method, low, high, then seed_<id> per seed.
 
     Points with the same n are bootstrapped together in one scipy.stats.bootstrap call."""
+    by = list(by)
     if rows.empty:
-        return pd.DataFrame(columns=list(by) + list(STAT_COLUMNS))
+        return pd.DataFrame(columns=by + list(STAT_COLUMNS))
     pooled = per_seed(rows, by, value, count=count, seed=seed)
+    if pooled.empty:
+        return pd.DataFrame(columns=by + list(STAT_COLUMNS))
     use_count = count is not None and count in pooled.columns
-    groups = list(pooled.groupby(list(by), dropna=False, sort=True))
-    out = []
-    for key, grp in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        record = dict(zip(by, key))
-        n = len(grp)
-        record.update(n=n, mean=float(grp[value].mean()), interval_method=NO_INTERVAL, low=np.nan, high=np.nan)
-        record.update({_seed_column(s): v for s, v in zip(grp[seed], grp[value])})
-        out.append(record)
-    frame = pd.DataFrame(out)
-    # every point with n >= MIN_SEEDS, in batches of equal n
-    for n, idx in frame[frame["n"] >= MIN_SEEDS].groupby("n").groups.items():
-        values = np.stack([groups[i][1][value].to_numpy(float) for i in idx])
-        counts = np.stack([groups[i][1][count].to_numpy(float) for i in idx]) if use_count else None
-        low, high = studentized_interval(values, counts, confidence=confidence)
+    keys = pooled[by].astype(object).where(pooled[by].notna(), None)
+    point = pd.MultiIndex.from_frame(keys).to_flat_index() if len(by) > 1 else pd.Index(keys[by[0]])
+    pooled = pooled.assign(_point=list(point))
+    wide = pooled.pivot_table(index="_point", columns=seed, values=value, aggfunc="first", dropna=False)
+    wide = wide.loc[pd.unique(pooled["_point"])] if len(by) else wide
+    weights = pooled.pivot_table(index="_point", columns=seed, values=count, aggfunc="first",
+                                 dropna=False).reindex_like(wide) if use_count else None
+    values = wide.to_numpy(float)
+    present = np.isfinite(values)
+    n = present.sum(axis=1)
+    with np.errstate(invalid="ignore"):
+        mean = np.nansum(values, axis=1) / np.where(n > 0, n, np.nan)
+    frame = pd.DataFrame([p if isinstance(p, tuple) else (p,) for p in wide.index], columns=by)
+    frame["n"], frame["mean"] = n, mean
+    frame["interval_method"], frame["low"], frame["high"] = NO_INTERVAL, np.nan, np.nan
+    for size in sorted(set(n[n >= MIN_SEEDS])):
+        idx = np.nonzero(n == size)[0]
+        batch = np.stack([values[i][present[i]] for i in idx])
+        counts = np.stack([weights.to_numpy(float)[i][present[i]] for i in idx]) if use_count else None
+        low, high = studentized_interval(batch, counts, confidence=confidence)
         frame.loc[idx, "low"], frame.loc[idx, "high"] = np.atleast_1d(low), np.atleast_1d(high)
         frame.loc[idx, "interval_method"] = METHOD if use_count else METHOD_SEEDS
-    seeds = sorted((c for c in frame.columns if c.startswith("seed_")), key=_seed_order)
-    return frame[list(by) + list(STAT_COLUMNS) + seeds]
+    seeds = pd.DataFrame(values, columns=[_seed_column(c) for c in wide.columns])
+    seeds = seeds[sorted(seeds.columns, key=_seed_order)]
+    out = pd.concat([frame, seeds], axis=1)
+    return out.sort_values(by, kind="stable").reset_index(drop=True) if by else out
 
 
 def _seed_column(seed) -> str:
@@ -225,8 +235,8 @@ def _seed_order(column: str):
 
 def seed_values(summary_row: pd.Series) -> np.ndarray:
     """The seed_<id> values of one summarize() row, NaN (absent seeds) dropped."""
-    values = summary_row[[c for c in summary_row.index if str(c).startswith("seed_")]]
-    return pd.to_numeric(values, errors="coerce").dropna().to_numpy(float)
+    values = np.array([v for k, v in summary_row.items() if str(k).startswith("seed_")], dtype=float)
+    return values[np.isfinite(values)]
 
 
 def separated(a: pd.Series, b: pd.Series) -> bool:

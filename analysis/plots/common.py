@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import textwrap
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from analysis import stats
 from analysis.loader import NoResultsError, load_all
@@ -98,6 +99,22 @@ def require(frame: pd.DataFrame, columns: list[str], what: str) -> pd.DataFrame:
     if rows.empty:
         raise MissingData(f"no {what}")
     return rows.reset_index(drop=True)
+
+
+def setting_values(name) -> dict:
+    """The fields of an evaluation setting's name ("seq_len=1024,num_pairs=8": {"seq_len": 1024,
+    "num_pairs": 8}; harness.train.loop.setting_names writes them), numbers as numbers."""
+    out = {}
+    for part in str(name).split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            continue
+        try:
+            number = float(value)
+            out[key.strip()] = int(number) if number.is_integer() else number
+        except ValueError:
+            out[key.strip()] = value
+    return out
 
 
 def retrieval_heads(rows: pd.DataFrame) -> pd.DataFrame:
@@ -250,12 +267,12 @@ def draw_estimates(ax, summary: pd.DataFrame, x: str, colors: dict, markers: dic
             continue
         color, marker = colors[lab], markers.get(lab, "o")
         xs = grp[x].to_numpy(float)
-        for (_, point), x0 in zip(grp.iterrows(), xs):
-            values = stats.seed_values(point)
-            if values.size:
-                offsets = np.linspace(-spread, spread, values.size) if values.size > 1 else np.zeros(1)
-                at = x0 * np.exp(offsets) if log_x else x0 + offsets * (np.ptp(xs) or 1.0)
-                ax.scatter(at, values, s=7, color=color, alpha=0.45, marker=marker, linewidths=0, zorder=2)
+        seeds = grp[[c for c in grp.columns if str(c).startswith("seed_")]].to_numpy(float)  # (points, seeds)
+        if seeds.size:
+            offsets = np.linspace(-spread, spread, seeds.shape[1]) if seeds.shape[1] > 1 else np.zeros(1)
+            at = xs[:, None] * np.exp(offsets) if log_x else xs[:, None] + offsets * (np.ptp(xs) or 1.0)
+            keep = np.isfinite(seeds)
+            ax.scatter(at[keep], seeds[keep], s=7, color=color, alpha=0.45, marker=marker, linewidths=0, zorder=2)
         ax.plot(xs, grp["mean"], color=color, marker=marker, ms=4, lw=lw if connect else 0,
                 ls=ls if connect else "", label=lab, zorder=3)
         have = grp[np.isfinite(grp["low"].astype(float))]
@@ -286,14 +303,18 @@ def draw_bars(ax, summary: pd.DataFrame, order: list[str], colors: dict, *, key:
     ax.set_xticks(range(len(order)), order)
 
 
-def caption(fig: Figure, title: str, *summaries: pd.DataFrame) -> str:
-    """Set the figure's title with the line that says what its points are: n per point and the
-    interval's method (analysis.stats.caption); returns that line (also ``fig.caption``)."""
+def caption(fig: Figure, title: str, *summaries: pd.DataFrame, extra: str = "", legend: float = 2.6) -> str:
+    """Set the figure's title, left-aligned, with the lines that say what its points are: n per
+    point and the interval's method (analysis.stats.caption), then ``extra`` (what each axis is
+    computed from); returns them (also ``fig.caption``). ``legend``: the inches on the right
+    the figure legend takes, which the text stays clear of."""
     parts = [s for s in summaries if s is not None and len(s)]
     line = stats.caption(pd.concat(parts, ignore_index=True) if parts else None)
-    fig.suptitle(f"{title}\n{line}", fontsize="medium")
-    fig.caption = line
-    return line
+    text = f"{line}. {extra}" if extra else line
+    width = max(50, int(12 * (fig.get_figwidth() - legend)))  # characters of 'small' text per line
+    fig.suptitle("\n".join([title, *textwrap.wrap(text, width)]), x=0.01, ha="left", fontsize="small")
+    fig.caption = text
+    return text
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(4.2, 3.2), legend: float = 0.0,
@@ -312,6 +333,15 @@ def log2_axis(ax, values) -> None:
     if 1 < len(ticks) <= 12:
         ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
         ax.xaxis.set_minor_locator(NullLocator())
+
+
+def plain_log_axes(ax, which: str = "xy") -> None:
+    """Log axes labelled with plain numbers at 1, 2 and 5 per decade (20, 50, 100; not 2 x 10^1)."""
+    for name in which:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
 
 
 def note(ax, text: str, loc: str = "lower left") -> None:

@@ -3,13 +3,16 @@ the runs of that mixer differ within the frame drawn ("dpfp ν=2", "favor m=128"
 additive").
 
 The options are found, never listed: for each model name, the config.model.* columns whose
-values differ among its runs (width excluded: it is an axis, not a variant). A sweep that runs
-one mixer at one setting labels it by its name alone; a new option or an outside mixer's
-model.options.* is labelled the same way the day a sweep varies it.
+values differ among its runs of one sweep (width excluded: it is an axis, not a variant). A
+sweep that runs one mixer at one setting labels it by its name alone; a new option or an
+outside mixer's model.options.* is labelled the same way the day a sweep varies it. A figure
+that draws two sweeps (the SNR figure reads the capacity sweep too) labels each run by what
+varies in its own sweep (the folder its run directory sits in), not by how the two differ.
 """
 from __future__ import annotations
 
 import re
+from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
@@ -23,18 +26,23 @@ SYMBOLS = {"nu": "ν", "features": "m"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 
 
-def variant_columns(runs: pd.DataFrame, exclude=(WIDTH,)) -> dict[str, list[str]]:
-    """{model name: the config.model.* columns whose values differ among its runs}."""
+def variant_columns(runs: pd.DataFrame, exclude=(WIDTH,)) -> dict[tuple[str, str], list[str]]:
+    """{(sweep, model name): the config.model.* columns whose values differ among its runs};
+    sweep is the folder of the run directory ("" without run_dir)."""
     if "model" not in runs.columns:
         return {}
-    if "run_dir" in runs.columns:
-        runs = runs.drop_duplicates("run_dir")
+    runs = _with_sweep(runs.drop_duplicates("run_dir") if "run_dir" in runs.columns else runs)
     candidates = [c for c in runs.columns if c.startswith(MODEL_PREFIX)
                   and c not in (f"{MODEL_PREFIX}name", *exclude)]
     out = {}
-    for model, grp in runs.groupby("model", dropna=True):
-        out[str(model)] = [c for c in candidates if grp[c].map(_text).nunique() > 1]
+    for (sweep, model), grp in runs.groupby(["_sweep", "model"], dropna=True):
+        out[(sweep, str(model))] = [c for c in candidates if grp[c].map(_text).nunique() > 1]
     return out
+
+
+def _with_sweep(runs: pd.DataFrame) -> pd.DataFrame:
+    sweep = runs["run_dir"].map(lambda d: str(PurePath(str(d)).parent)) if "run_dir" in runs.columns else ""
+    return runs.assign(_sweep=sweep)
 
 
 def label_runs(rows: pd.DataFrame, exclude=(WIDTH,)) -> pd.DataFrame:
@@ -44,8 +52,14 @@ def label_runs(rows: pd.DataFrame, exclude=(WIDTH,)) -> pd.DataFrame:
         rows[LABEL] = pd.Series(dtype=object)
         return rows
     varying = variant_columns(rows, exclude)
-    rows[LABEL] = [_label(row, varying.get(str(row["model"]), [])) if pd.notna(row["model"]) else np.nan
-                   for _, row in rows.iterrows()]
+    key = "run_dir" if "run_dir" in rows.columns else None
+    runs = _with_sweep(rows.drop_duplicates(key) if key else rows)
+    labels = [_label(run, varying.get((run["_sweep"], str(run["model"])), [])) if pd.notna(run["model"]) else np.nan
+              for _, run in runs.iterrows()]
+    if key:  # one label per run, every row of the run under it
+        rows[LABEL] = rows[key].map(dict(zip(runs[key], labels)))
+    else:
+        rows[LABEL] = labels
     return rows
 
 
