@@ -16,6 +16,9 @@ and cover about 0.85 where 0.95 is claimed; a t(n - 1) interval on the bootstrap
 error covers when the seeds are symmetric but not near the ceiling, where accuracy is skewed
 (`python -m analysis.stats` measures every method tried on draws with a known mean). Values
 without a query count (entropy, SNR) are resampled over seeds only, and the method says so.
+Where seeds tie (several at accuracy 1.0, steps on an evaluation grid) a resample can have no
+spread at all and its t* no bound; such a point takes the t(n - 1) interval on the
+hierarchical bootstrap's standard error instead (``FALLBACK``), named as such.
 
 Comparisons across widths use a paired test across seeds (``paired_test``); a ranking of two
 mixers is called only where their intervals separate (``separated``).
@@ -38,6 +41,10 @@ SEED = "config.seed"
 
 METHOD = "studentized hierarchical bootstrap (seeds, then queries binomially)"
 METHOD_SEEDS = "studentized bootstrap over seeds"
+# Where seeds tie (accuracy at the ceiling, steps on an evaluation grid) a resample can have no
+# spread and its t* is unbounded; such a point takes the t(n-1) interval on the bootstrap's SE.
+FALLBACK = "t(n-1) x hierarchical bootstrap SE (seeds tie: the studentized one is unbounded)"
+FALLBACK_SEEDS = "t(n-1) x bootstrap SE over seeds (seeds tie: the studentized one is unbounded)"
 NO_INTERVAL = f"none (n < {MIN_SEEDS}: seeds only)"
 PAIRED_TEST = "paired t-test across seeds (scipy.stats.ttest_rel)"
 STAT_COLUMNS = ("n", "mean", "interval_method", "low", "high")  # then seed_<id> columns
@@ -137,6 +144,24 @@ def studentized_interval(values, counts=None, *, confidence: float = CONFIDENCE,
     return low, high
 
 
+def interval(values, counts=None, *, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, method) per leading index of ``values`` (seeds on the last axis): METHOD, or
+    FALLBACK where ties leave the studentized interval unbounded (module doc)."""
+    values = np.asarray(values, dtype=float)
+    low, high = (np.atleast_1d(v).astype(float) for v in studentized_interval(values, counts, confidence=confidence))
+    hierarchical = counts is not None
+    method = np.full(low.shape, METHOD if hierarchical else METHOD_SEEDS, dtype=object)
+    unbounded = ~(np.isfinite(low) & np.isfinite(high))
+    if unbounded.any():
+        flat = values.reshape(-1, values.shape[-1])[unbounded]
+        c = None if counts is None else np.broadcast_to(np.asarray(counts, dtype=float), values.shape) \
+            .reshape(-1, values.shape[-1])[unbounded]
+        t_low, t_high = t_bootstrap_interval(flat, c, confidence=confidence)
+        low[unbounded], high[unbounded] = t_low, t_high
+        method[unbounded] = FALLBACK if hierarchical else FALLBACK_SEEDS
+    return low, high, method
+
+
 def t_bootstrap_interval(values, counts=None, *, confidence: float = CONFIDENCE,
                          n_resamples: int = N_RESAMPLES, seed: int = RESAMPLE_SEED):
     """(low, high): mean -/+ t(n-1) x hierarchical bootstrap SE x sqrt(n/(n-1)) (a method
@@ -161,8 +186,8 @@ def estimate(values, counts=None, *, confidence: float = CONFIDENCE) -> Estimate
     mean = float(x.mean()) if n else math.nan
     if n < MIN_SEEDS:
         return Estimate(n, mean, tuple(x.tolist()), math.nan, math.nan, NO_INTERVAL)
-    low, high = studentized_interval(x, c, confidence=confidence)
-    return Estimate(n, mean, tuple(x.tolist()), float(low), float(high), METHOD if c is not None else METHOD_SEEDS)
+    low, high, method = interval(x, c, confidence=confidence)
+    return Estimate(n, mean, tuple(x.tolist()), float(low[0]), float(high[0]), str(method[0]))
 
 
 def per_seed(rows: pd.DataFrame, by: list[str], value: str, *, count: str | None = None,
@@ -214,16 +239,16 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str, *, count: str | Non
         idx = np.nonzero(n == size)[0]
         batch = np.stack([values[i][present[i]] for i in idx])
         counts = np.stack([weights.to_numpy(float)[i][present[i]] for i in idx]) if use_count else None
-        low, high = studentized_interval(batch, counts, confidence=confidence)
-        frame.loc[idx, "low"], frame.loc[idx, "high"] = np.atleast_1d(low), np.atleast_1d(high)
-        frame.loc[idx, "interval_method"] = METHOD if use_count else METHOD_SEEDS
-    seeds = pd.DataFrame(values, columns=[_seed_column(c) for c in wide.columns])
+        low, high, method = interval(batch, counts, confidence=confidence)
+        frame.loc[idx, "low"], frame.loc[idx, "high"], frame.loc[idx, "interval_method"] = low, high, method
+    seeds = pd.DataFrame(values, columns=[seed_column(c) for c in wide.columns])
     seeds = seeds[sorted(seeds.columns, key=_seed_order)]
     out = pd.concat([frame, seeds], axis=1)
     return out.sort_values(by, kind="stable").reset_index(drop=True) if by else out
 
 
-def _seed_column(seed) -> str:
+def seed_column(seed) -> str:
+    """The column a seed's value takes in a summary: seed_<id>."""
     return f"seed_{int(seed)}" if isinstance(seed, (int, float, np.number)) and float(seed).is_integer() \
         else f"seed_{seed}"
 
@@ -270,15 +295,21 @@ def ranking(summary: pd.DataFrame, label: str = "label", within: list[str] | Non
 
 def paired_test(a: pd.Series, b: pd.Series) -> dict:
     """Paired t-test of b - a across the seeds both have (Series indexed by seed): n_paired,
-    the mean difference, the statistic and its p-value (NaN with < 2 pairs or no spread)."""
+    the mean difference, the statistic and its p-value (NaN with < 2 pairs; differences that do
+    not vary at all give p = 0 when they are not zero, NaN when they are)."""
     both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
-    diff = float((both["b"] - both["a"]).mean()) if len(both) else math.nan
-    if len(both) < 2 or np.ptp((both["b"] - both["a"]).to_numpy()) == 0 and diff == 0:
-        return {"n_paired": len(both), "diff": diff, "statistic": math.nan, "p_value": math.nan,
-                "test": PAIRED_TEST}
+    d = (both["b"] - both["a"]).to_numpy(float)
+    diff = float(d.mean()) if d.size else math.nan
+    out = {"n_paired": int(d.size), "diff": diff, "statistic": math.nan, "p_value": math.nan, "test": PAIRED_TEST}
+    if d.size < 2:
+        return out
+    if np.ptp(d) <= 1e-12 * max(1.0, abs(diff)):  # no spread: scipy would lose its precision
+        if diff != 0:
+            out.update(statistic=math.copysign(math.inf, diff), p_value=0.0)
+        return out
     res = stats.ttest_rel(both["b"], both["a"])
-    return {"n_paired": len(both), "diff": diff, "statistic": float(res.statistic),
-            "p_value": float(res.pvalue), "test": PAIRED_TEST}
+    out.update(statistic=float(res.statistic), p_value=float(res.pvalue))
+    return out
 
 
 def caption(summary: pd.DataFrame | None = None, *, n: int | None = None) -> str:
@@ -312,10 +343,12 @@ def coverage(method: str, values: np.ndarray, counts: np.ndarray | None, truth: 
              *, n_resamples: int = N_RESAMPLES, seed: int = RESAMPLE_SEED) -> float:
     """Fraction of rows of ``values`` whose 95% interval by ``method`` covers ``truth``.
 
-    method: "studentized" (METHOD), "t-bootstrap" (t_bootstrap_interval), "t" (Student t on the
+    method: "figures" (``interval``: METHOD with its fallback), "studentized" (METHOD alone), "t-bootstrap" (t_bootstrap_interval), "t" (Student t on the
     seed values alone), or a scipy.stats.bootstrap method ("percentile", "basic", "BCa") of the
     hierarchical resample."""
-    if method == "studentized":
+    if method == "figures":
+        low, high, _ = interval(values, counts)
+    elif method == "studentized":
         low, high = studentized_interval(values, counts, n_resamples=n_resamples, seed=seed)
     elif method == "t-bootstrap":
         low, high = t_bootstrap_interval(values, counts, n_resamples=n_resamples, seed=seed)
@@ -339,7 +372,7 @@ def main() -> None:
     for name, kw in cases.items():
         for n in (5, 10):
             values, counts, truth = hierarchical_draws(np.random.default_rng(1), 200, n, **kw)
-            row = {m: coverage(m, values, counts, truth) for m in ("percentile", "basic", "BCa", "t", "t-bootstrap", "studentized")}
+            row = {m: coverage(m, values, counts, truth) for m in ("percentile", "basic", "BCa", "t", "t-bootstrap", "studentized", "figures")}
             print(f"{name}, n = {n}: " + ", ".join(f"{m} {c:.3f}" for m, c in row.items()))
 
 

@@ -310,7 +310,7 @@ def caption(fig: Figure, title: str, *summaries: pd.DataFrame, extra: str = "", 
     the figure legend takes, which the text stays clear of."""
     parts = [s for s in summaries if s is not None and len(s)]
     line = stats.caption(pd.concat(parts, ignore_index=True) if parts else None)
-    text = f"{line}. {extra}" if extra else line
+    text = f"{line}. {extra[:1].upper()}{extra[1:]}" if extra else line
     width = max(50, int(12 * (fig.get_figwidth() - legend)))  # characters of 'small' text per line
     fig.suptitle("\n".join([title, *textwrap.wrap(text, width)]), x=0.01, ha="left", fontsize="small")
     fig.caption = text
@@ -364,9 +364,11 @@ def legend_outside(fig: Figure, ax=None, extra_handles=(), extra_labels=()) -> N
                loc="outside right upper", fontsize="small", frameon=False)
 
 
-def mixer_handles(colors: dict, marker: str = "o") -> list[Line2D]:
-    """Legend entries for every mixer in ``colors``, whether or not a given panel shows it."""
-    return [Line2D([], [], color=c, marker=marker) for c in colors.values()]
+def mixer_handles(colors: dict, marker: str | dict = "o") -> list[Line2D]:
+    """Legend entries for every mixer (or label) in ``colors``, whether or not a given panel
+    shows it; ``marker``: one for all, or one per key (label_styles)."""
+    return [Line2D([], [], color=c, marker=marker.get(k, "o") if isinstance(marker, dict) else marker)
+            for k, c in colors.items()]
 
 
 def loglog_slope(x, y) -> float:

@@ -3,6 +3,7 @@ harness.ops (state accounting), the same functions the runs themselves report wi
 anchors' published numbers the figures are laid beside (Schlag et al.'s break points)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,12 +50,21 @@ def length_accuracy_curve(lengths, *, num_pairs: int, d_key: float, value_dim: i
                           num_queries: int | None = None, power_a: float = 0.01) -> np.ndarray:
     """Predicted recall accuracy of the recall task against length, N fixed
     (theory.predicted_length_accuracy): an additive state of key dimension d_key, writes
-    weighted by a constant per-step decay, distractor writes counted as crosstalk pairs."""
+    weighted by a constant per-step decay, distractor writes counted as crosstalk pairs.
+    Curves are kept per argument set: at 16k tokens one costs seconds of integration, and a
+    figure redrawn (a notebook, the figures command) asks for the same ones again."""
+    return np.array(_length_curve(tuple(float(t) for t in np.atleast_1d(lengths)), int(num_pairs), float(d_key),
+                                  int(value_dim), int(candidates), float(log_decay), float(distractor_rate),
+                                  None if num_queries is None else int(num_queries), float(power_a)))
+
+
+@functools.lru_cache(maxsize=256)
+def _length_curve(lengths: tuple, num_pairs: int, d_key: float, value_dim: int, candidates: int,
+                  log_decay: float, distractor_rate: float, num_queries: int | None, power_a: float) -> tuple:
     acc = theory.predicted_length_accuracy(
-        np.asarray(lengths), int(num_pairs), float(d_key), int(value_dim), int(candidates),
-        log_decay=float(log_decay), distractor_rate=float(distractor_rate),
-        num_queries=None if num_queries is None else int(num_queries), power_a=float(power_a))
-    return np.asarray(acc, dtype=float)
+        np.asarray(lengths), num_pairs, d_key, value_dim, candidates, log_decay=log_decay,
+        distractor_rate=distractor_rate, num_queries=num_queries, power_a=power_a)
+    return tuple(np.asarray(acc, dtype=float).tolist())
 
 
 # --- the anchors' own numbers ---------------------------------------------------------------
