@@ -17,8 +17,9 @@ error covers when the seeds are symmetric but not near the ceiling, where accura
 (`python -m analysis.stats` measures every method tried on draws with a known mean). Values
 without a query count (entropy, SNR) are resampled over seeds only, and the method says so.
 Where seeds tie (several at accuracy 1.0, steps on an evaluation grid) a resample can have no
-spread at all and its t* no bound; such a point takes the t(n - 1) interval on the
-hierarchical bootstrap's standard error instead (``FALLBACK``), named as such.
+spread at all and its t* no bound, and seeds that all agree give no standard error to scale
+t* by; such a point takes the t(n - 1) interval on the hierarchical bootstrap's standard
+error instead (``FALLBACK``, named as such), in which the queries still vary.
 
 Comparisons across widths use a paired test across seeds (``paired_test``); a ranking of two
 mixers is called only where their intervals separate (``separated``).
@@ -42,7 +43,8 @@ SEED = "config.seed"
 METHOD = "studentized hierarchical bootstrap (seeds, then queries binomially)"
 METHOD_SEEDS = "studentized bootstrap over seeds"
 # Where seeds tie (accuracy at the ceiling, steps on an evaluation grid) a resample can have no
-# spread and its t* is unbounded; such a point takes the t(n-1) interval on the bootstrap's SE.
+# spread and its t* is unbounded, and seeds that all agree have no SE to scale it by; such a
+# point takes the t(n-1) interval on the hierarchical bootstrap's SE (its queries still vary).
 FALLBACK = "t(n-1) x hierarchical bootstrap SE (seeds tie: the studentized one is unbounded)"
 FALLBACK_SEEDS = "t(n-1) x bootstrap SE over seeds (seeds tie: the studentized one is unbounded)"
 NO_INTERVAL = f"none (n < {MIN_SEEDS}: seeds only)"
@@ -144,19 +146,23 @@ def studentized_interval(values, counts=None, *, confidence: float = CONFIDENCE,
     return low, high
 
 
-def interval(values, counts=None, *, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def interval(values, counts=None, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
+             seed: int = RESAMPLE_SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(low, high, method) per leading index of ``values`` (seeds on the last axis): METHOD, or
     FALLBACK where ties leave the studentized interval unbounded (module doc)."""
     values = np.asarray(values, dtype=float)
-    low, high = (np.atleast_1d(v).astype(float) for v in studentized_interval(values, counts, confidence=confidence))
+    low, high = (np.atleast_1d(v).astype(float) for v in studentized_interval(
+        values, counts, confidence=confidence, n_resamples=n_resamples, seed=seed))
     hierarchical = counts is not None
     method = np.full(low.shape, METHOD if hierarchical else METHOD_SEEDS, dtype=object)
-    unbounded = ~(np.isfinite(low) & np.isfinite(high))
+    flat_values = values.reshape(-1, values.shape[-1])
+    no_spread = np.ptp(flat_values, axis=-1) == 0  # the studentized scale is the seeds' own SE: zero
+    unbounded = ~(np.isfinite(low) & np.isfinite(high)) | no_spread
     if unbounded.any():
         flat = values.reshape(-1, values.shape[-1])[unbounded]
         c = None if counts is None else np.broadcast_to(np.asarray(counts, dtype=float), values.shape) \
             .reshape(-1, values.shape[-1])[unbounded]
-        t_low, t_high = t_bootstrap_interval(flat, c, confidence=confidence)
+        t_low, t_high = t_bootstrap_interval(flat, c, confidence=confidence, n_resamples=n_resamples, seed=seed)
         low[unbounded], high[unbounded] = t_low, t_high
         method[unbounded] = FALLBACK if hierarchical else FALLBACK_SEEDS
     return low, high, method
@@ -347,7 +353,7 @@ def coverage(method: str, values: np.ndarray, counts: np.ndarray | None, truth: 
     seed values alone), or a scipy.stats.bootstrap method ("percentile", "basic", "BCa") of the
     hierarchical resample."""
     if method == "figures":
-        low, high, _ = interval(values, counts)
+        low, high, _ = interval(values, counts, n_resamples=n_resamples, seed=seed)
     elif method == "studentized":
         low, high = studentized_interval(values, counts, n_resamples=n_resamples, seed=seed)
     elif method == "t-bootstrap":

@@ -1,5 +1,9 @@
 """What every figure function shares: picking a table out of the results, skipping a figure
-whose data is absent (a printed warning, never an exception), and one look for all figures.
+whose data is absent (a printed warning, never an exception), one look for all figures, the
+learning rate chosen on validation (flagged at the grid's edge), each run under its label
+(analysis.plots.labels) in its mixer's colour, and each point drawn the one way the figures
+draw it: every seed a dot, the mean, the interval of analysis.stats only from five seeds, and
+a caption that says n and the method.
 
 Figures are built on ``matplotlib.figure.Figure`` directly, never through pyplot, so they
 draw the same under Agg, in a notebook, or in a test, and nothing holds them open.

@@ -46,7 +46,11 @@ def forgetting_table(kinds: pd.DataFrame) -> pd.DataFrame:
 def overwrite_gap(data: pd.DataFrame) -> pd.DataFrame:
     """Per mixer: accuracy on overwritten and untouched keys (mean over seeds) and the gap, with
     a paired t-test of the gap across seeds (overwritten - untouched, paired by seed)."""
-    kinds, _ = forgetting_points(data)
+    return gap_table(forgetting_points(data)[0])
+
+
+def gap_table(kinds: pd.DataFrame) -> pd.DataFrame:
+    """overwrite_gap on the slices by overwritten (forgetting_points' first frame)."""
     per_seed = stats.per_seed(kinds, ["label", "value"], "accuracy", count=_count(kinds))
     rows = []
     for label, grp in per_seed.groupby("label"):
@@ -87,5 +91,5 @@ def forgetting_figure(data) -> Figure:
     caption(fig, "Forgetting: the latest value of a key written twice", per_kind, by_age, legend=1.8,
             extra="the gap (overwritten - untouched) is tested paired by seed (forgetting_gap.csv)")
     fig.tables = {"forgetting": per_kind, "forgetting_by_age": by_age.rename(columns={"value": "age"}),
-                  "forgetting_gap": overwrite_gap(kinds)}
+                  "forgetting_gap": gap_table(kinds)}
     return fig
