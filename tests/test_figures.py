@@ -42,7 +42,7 @@ def drawn(frames) -> dict[str, Figure]:
 # Tables of fits, tests and rankings derived from the points; every other CSV is one row per
 # point with its seeds.
 DERIVED = {"snr_slopes", "capacity_families", "capacity_schlag", "capacity_ranking", "sharpness_ranking",
-           "induction_ranking", "forgetting_gap"}
+           "induction_ranking", "forgetting_gap", "frontier_ranking", "mqar_ranking"}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -303,9 +303,10 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
 
     fig, axes = new_figure(2, 3, panel=(3.6, 3.1), legend=2.2)
     proto_ax, extra_ax, state_ax, heat = axes[:4]
+    grid = axes[0].get_subplotspec().get_gridspec()
     for ax in axes[4:]:
         ax.remove()
-    tab_ax = fig.add_subplot(2, 3, (5, 6))  # the table takes the width of two panels
+    tab_ax = fig.add_subplot(grid[1, 1:])  # the table takes the width of two panels
     draw_estimates(proto_ax, proto_pts, "value", colors, markers, log_x=True)
     log2_axis(proto_ax, proto_pts["value"])
     proto_ax.set(ylim=(-0.02, 1.02), xlabel="N  (stored pairs; trained and tested at N)",
@@ -334,6 +335,8 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     plain_log_axes(state_ax)
     if not np.isfinite(half["state_elements_per_layer"]).any():
         note(state_ax, "no state size in these results (summary.state_elements_per_layer)")
+    elif half["n50_per_n"].isna().all():
+        note(state_ax, "no break point: every mixer starts below 50% at the smallest N")
     lr_heatmap(heat, per_lr, [WIDTH, "train_n"], order, title="every learning rate (per training N)")
     schlag = schlag_table(half, selected)
     _draw_table(tab_ax, schlag)

@@ -40,6 +40,8 @@ _SPARE = sns.color_palette("dark", 10)  # outside mixers take these in turn
 
 SEED, LR, WIDTH = "config.seed", "config.trainer.lr", "config.model.d_model"
 LR_EXTENDED = "lr_extended"  # a run whose rate the sweep added past its grid's edge
+# where a run may carry that flag: a top-level field of results.json, or its summary or config
+_LR_EXTENDED_COLUMNS = (LR_EXTENDED, f"summary.{LR_EXTENDED}", f"config.trainer.{LR_EXTENDED}")
 
 class MissingData(Exception):
     """A figure's data is absent: the figure is skipped rather than drawn half empty."""
@@ -166,8 +168,9 @@ def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "a
     by_point = table.groupby(list(point), dropna=False)[LR]
     lowest, highest = by_point.transform("min"), by_point.transform("max")
     table["lr_at_edge"] = table["chosen"] & ((table[LR] == lowest) | (table[LR] == highest) | table[LR].isna())
-    if LR_EXTENDED in rows.columns:
-        extended = rows.groupby(keys, dropna=False)[LR_EXTENDED].agg(lambda v: bool(v.fillna(False).astype(bool).any()))
+    flag = next((c for c in _LR_EXTENDED_COLUMNS if c in rows.columns), None)
+    if flag is not None:
+        extended = rows.groupby(keys, dropna=False)[flag].agg(lambda v: bool(v.fillna(False).astype(bool).any()))
         table = table.merge(extended.rename(LR_EXTENDED).reset_index(), on=keys, how="left")
     else:
         table[LR_EXTENDED] = False

@@ -9,7 +9,9 @@ accuracy averaged over the test settings; right: at the largest test setting. Ea
 one setting (width, and the q/k width where the sweep varies it) at the learning rate chosen on
 the validation split: each seed a dot, the mean a marker, an interval only from five seeds
 (analysis.stats); a mixer's points are joined in order of state size, so its frontier reads
-left to right. The table beside it (`frontier.csv`) gives each point's parameter count.
+left to right. The table beside it (`frontier.csv`) gives each point's parameter count;
+`frontier_ranking.csv` says which mixer is above which at each setting only where the
+intervals separate.
 """
 from __future__ import annotations
 
@@ -140,6 +142,6 @@ def frontier_figure(data) -> Figure:
     legend_outside(fig, None, mixer_handles(colors, markers), list(colors))
     caption(fig, "Recall against state size", summary, top_summary, legend=1.8,
             extra=_mixture(pts) or "each run's own training setting")
-    fig.tables = {"frontier": summary,
+    fig.tables = {"frontier": summary, "frontier_ranking": stats.ranking(summary, within=["setting"]),
                   "frontier_largest": top_summary.assign(test_setting=largest["name"].iat[0]) if len(top_summary) else top_summary}
     return fig

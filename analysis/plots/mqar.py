@@ -90,9 +90,9 @@ def mqar_figure(data) -> Figure:
     order = label_order(picked)
     colors, markers = label_styles(picked)
     panels = sorted(picked.groupby(["seq_len", "pairs"]).groups)
-    ncols = min(4, len(panels) + 1)
-    nrows = math.ceil((len(panels) + 1) / ncols)
-    fig, axes = new_figure(nrows, ncols, panel=(3.2, 2.8), legend=1.4)
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols) + 1  # the learning rates take the last row, whole
+    fig, axes = new_figure(nrows, ncols, panel=(3.4, 2.9), legend=1.4)
     summaries = []
     for ax, (seq_len, pairs) in zip(axes, panels):
         part = picked[(picked["seq_len"] == seq_len) & (picked["pairs"] == pairs)]
@@ -102,13 +102,17 @@ def mqar_figure(data) -> Figure:
         log2_axis(ax, picked[WIDTH])
         ax.set(ylim=(-0.02, 1.02), title=f"seq_len {seq_len:g}, {pairs:g} pairs",
                xlabel="model width d_model (units)", ylabel="recall accuracy (fraction)")
-    heat = axes[len(panels)]
+    grid = axes[0].get_subplotspec().get_gridspec()
+    for ax in axes[len(panels):]:
+        ax.remove()
+    heat = fig.add_subplot(grid[-1, :])
     lr_heatmap(heat, per_lr, [WIDTH, "seq_len"], order, title="every learning rate")
-    for ax in axes[len(panels) + 1:]:
-        ax.set_visible(False)
     legend_outside(fig, None, mixer_handles(colors, markers), list(colors))
     trend = width_trend(picked)
     caption(fig, "MQAR: accuracy against width (learning rate chosen per point on validation)", *summaries,
             extra="a trend with width is called by a paired t-test across seeds (mqar_width_trend.csv)", legend=1.4)
-    fig.tables = {"mqar_per_lr": per_lr, "mqar_width_trend": trend}
+    points_table = pd.concat([t.assign(seq_len=sl, pairs=pr) for t, (sl, pr) in zip(summaries, panels)],
+                             ignore_index=True)
+    fig.tables = {"mqar_per_lr": per_lr, "mqar_width_trend": trend,
+                  "mqar_ranking": stats.ranking(points_table, within=["seq_len", "pairs", WIDTH])}
     return fig
