@@ -41,6 +41,7 @@ from analysis.plots.cost import cost_figure, state_figure
 from analysis.plots.forgetting import forgetting_figure
 from analysis.plots.frontier import frontier_figure
 from analysis.plots.induction import induction_figure
+from analysis.plots.learning import learning_figure
 from analysis.plots.length import length_figure
 from analysis.plots.mqar import mqar_figure
 from analysis.plots.needle import needle_figure
@@ -78,6 +79,7 @@ FIGURES = (
     FigureSpec("needle", "needle", needle_figure),
     FigureSpec("frontier", "frontier", frontier_figure),
     FigureSpec("forgetting", "forgetting", forgetting_figure),
+    FigureSpec("learning", "sharpness", learning_figure, also=("capacity",)),  # default recall and capacity tasks
 )
 
 

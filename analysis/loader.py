@@ -7,9 +7,11 @@ directory of numbered run directories. Any directory is loaded the same way: eve
     run_dir, mode, status, error, task, model, schema, config.*, summary.*, env.*
 
 and every list-valued top-level key of the file is a table ("slices", "heads", "probe",
-"cost", ...) whose rows are joined with the run columns. A table field that shares a name
-with a run column keeps its name; the run's value moves to ``run.<name>`` (the probe
-table's ``model`` is the probed mixer, the run's becomes ``run.model``).
+"cost", ...) whose rows are joined with the run columns. The run's ``metrics.jsonl`` beside
+it (one JSON line per evaluation during training: step, split, accuracy, ...) is the
+``metrics`` table. A table field that shares a name with a run column keeps its name; the
+run's value moves to ``run.<name>`` (the probe table's ``model`` is the probed mixer, the
+run's becomes ``run.model``).
 
 Failed and unfinished runs never stop a load: a run directory without results.json is
 skipped, an unreadable or malformed results.json is kept as a failed run whose error names the
@@ -25,7 +27,8 @@ from pathlib import Path
 import pandas as pd
 
 RESULTS_FILE = "results.json"
-TABLES = ("slices", "heads", "probe", "cost", "settings")
+METRICS_FILE = "metrics.jsonl"
+TABLES = ("slices", "heads", "probe", "cost", "settings", "metrics")
 RUN_COLUMNS = ("run_dir", "mode", "status", "error", "task", "model", "schema")
 # Groups of run columns, in the order they appear after the fixed ones.
 _PREFIXES = ("config.", "summary.", "env.")
@@ -134,6 +137,24 @@ def malformed(data) -> None:
             raise ValueError(f"'{key}' is {type(data[key]).__name__}, not a single value")
 
 
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """The rows of a run's metrics.jsonl; none when it has no such file. A line that does not
+    parse as an object (a run killed mid-write leaves a partial last line) is skipped."""
+    try:
+        text = (Path(run_dir) / METRICS_FILE).read_text()
+    except (OSError, UnicodeDecodeError):
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(_flatten(row))
+    return rows
+
+
 def _collect(path) -> tuple[pd.DataFrame, dict[str, list[tuple[int, dict]]]]:
     """Read every run under ``path`` once: the runs frame and each table's (run index, row)s."""
     root = Path(path)
@@ -143,6 +164,7 @@ def _collect(path) -> tuple[pd.DataFrame, dict[str, list[tuple[int, dict]]]]:
         records.append({"run_dir": file.parent.as_posix(), **record})
         for name, rows in run_tables.items():
             tables.setdefault(name, []).extend((i, row) for row in rows)
+        tables.setdefault("metrics", []).extend((i, row) for row in read_metrics(file.parent))
     runs = pd.DataFrame.from_records(records)
     return runs[_order_run_columns(runs.columns)], tables
 

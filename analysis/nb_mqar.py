@@ -27,7 +27,8 @@ results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/mqar, els
 # %%
 # %matplotlib inline
 from analysis import params
-from analysis.plots.mqar import WIDTH, best_over_lr, mqar_figure, mqar_points
+from analysis.plots.common import select_on_validation
+from analysis.plots.mqar import POINT, WIDTH, best_over_lr, mqar_figure, mqar_points, width_trend
 
 results = params.results("mqar", results_dir)
 results.groupby("table").size()
@@ -37,11 +38,21 @@ results.groupby("table").size()
 # that gave it.
 
 # %%
-best = best_over_lr(mqar_points(results))
-best.pivot_table(index=["model", WIDTH], columns=["seq_len", "pairs"], values="accuracy").round(3)
+points = mqar_points(results)
+best = best_over_lr(points)
+best.pivot_table(index=["label", WIDTH], columns=["seq_len", "pairs"], values="accuracy").round(3)
 
 # %%
-best.pivot_table(index=["model", WIDTH], columns=["seq_len", "pairs"], values="best_lr")
+best.pivot_table(index=["label", WIDTH], columns=["seq_len", "pairs"], values="best_lr")
+
+# %% [markdown]
+# Whether accuracy changes with width: a paired t-test across seeds against the next narrower
+# width, per mixer and setting.
+
+# %%
+picked, _ = select_on_validation(points, POINT)
+width_trend(picked).filter(items=["label", "seq_len", "pairs", WIDTH, "n", "mean", "vs_width", "diff",
+                                  "p_value", "loses_with_width", "gains_with_width"]).round(4)
 
 # %%
 mqar_figure(results)

@@ -33,11 +33,12 @@ results = params.results("needle", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]
-# Accuracy by depth (rows, percent of the context) and length (columns), per mixer.
+# Mean accuracy over seeds by depth (rows, percent of the context) and length (columns), per
+# mixer.
 
 # %%
 points = needle_points(results)
-points.pivot_table(index=["model", "depth"], columns="seq_len", values="accuracy").round(3)
+points.pivot_table(index=["label", "depth"], columns="seq_len", values="mean").round(3)
 
 # %%
 needle_figure(results)

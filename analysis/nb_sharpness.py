@@ -34,7 +34,7 @@ results = params.results("sharpness", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]
-# Mean of each measurement per mixer, over layers, heads and slices.
+# Mean of each measurement per mixer, over layers, heads, slices and seeds.
 
 # %%
 rows = sharpness_rows(results)

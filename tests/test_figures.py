@@ -3,6 +3,7 @@ when its data is absent; `python -m analysis.figures` plots existing results or 
 missing sweeps first."""
 from __future__ import annotations
 
+import colorsys
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from conftest import make_results
 from matplotlib.figure import Figure
 
-from analysis import figures
+from analysis import figures, stats
 from analysis.loader import load_all
 from analysis.plots.capacity import capacity_figure
 from analysis.plots.common import palette, retrieval_heads
@@ -28,23 +29,31 @@ NAMES = [spec.name for spec in figures.FIGURES]
 
 @pytest.fixture(scope="module")
 def frames(tree) -> dict[str, pd.DataFrame]:
-    return {e: load_all(tree / e) for e in make_results.EXPERIMENTS}
+    """Each figure's long frame as analysis.figures loads it (its sweep and the ones it also reads)."""
+    return {s.name: figures.load_figure_data(tree, s) for s in figures.FIGURES if s.experiment is not None}
 
 
-def _draw(spec, frames):
-    return spec.draw() if spec.experiment is None else spec.draw(frames[spec.experiment])
+@pytest.fixture(scope="module")
+def drawn(frames) -> dict[str, Figure]:
+    """Each figure drawn once for the module (the tests below read it, none redraws it)."""
+    return {s.name: s.draw() if s.experiment is None else s.draw(frames[s.name]) for s in figures.FIGURES}
+
+
+# Tables of fits, tests and rankings derived from the points; every other CSV is one row per
+# point with its seeds.
+DERIVED = {"snr_slopes", "capacity_families", "capacity_schlag", "capacity_ranking", "sharpness_ranking",
+           "induction_ranking", "forgetting_gap", "frontier_ranking", "mqar_ranking"}
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_figure_renders_with_labelled_axes_and_a_legend(name, frames):
-    spec = next(s for s in figures.FIGURES if s.name == name)
-    fig = _draw(spec, frames)
+def test_figure_renders_with_labelled_axes_and_a_legend(name, drawn):
+    fig = drawn[name]
     assert isinstance(fig, Figure)
-    drawn = [ax for ax in fig.axes if ax.get_visible() and (ax.lines or ax.collections or ax.patches)
+    shown = [ax for ax in fig.axes if ax.get_visible() and (ax.lines or ax.collections or ax.patches)
              and ax.get_label() != "<colorbar>"]  # a colorbar carries its unit on its own label
-    assert drawn, "no data drawn"
+    assert shown, "no data drawn"
     colorbars = [ax for ax in fig.axes if hasattr(ax, "_colorbar")]
-    for ax in drawn:  # units in brackets on every numeric axis (a mixer axis is categorical)
+    for ax in shown:  # units in brackets on every numeric axis (a mixer axis is categorical)
         if ax in colorbars:  # a heatmap's colour bar: its label carries the unit
             assert "(" in ax.get_ylabel() + ax.get_xlabel(), ax.get_ylabel()
             continue
@@ -54,46 +63,125 @@ def test_figure_renders_with_labelled_axes_and_a_legend(name, frames):
     assert fig.legends or colorbars, "a figure legend (or a heatmap's colour bar)"
 
 
+TRAINED = [s.name for s in figures.FIGURES if s.experiment not in (None, "cost", "snr") and s.name != "attention"]
+
+
+@pytest.mark.parametrize("name", TRAINED + ["snr"])
+def test_trained_figures_name_n_and_the_method_and_their_tables_carry_the_seeds(name, drawn):
+    fig = drawn[name]
+    assert "seeds per point" in fig.caption and "n = " in fig.caption
+    assert "n = " in fig.get_suptitle() and "seeds per point" in fig.get_suptitle()
+    points = {k: v for k, v in fig.tables.items() if k not in DERIVED and len(v)}
+    assert points, "a table of the points"
+    for table_name, frame in points.items():
+        assert {"n", "mean", "interval_method", "low", "high"} <= set(frame.columns), table_name
+        assert any(c.startswith("seed_") for c in frame.columns), table_name
+        few = frame[pd.to_numeric(frame["n"]) < stats.MIN_SEEDS]
+        assert few["low"].isna().all() and (few["interval_method"] == stats.NO_INTERVAL).all(), table_name
+        mean = pd.to_numeric(frame["mean"], errors="coerce")  # "never" (steps not reached), inf (N50 not reached)
+        many = frame[(pd.to_numeric(frame["n"]) >= stats.MIN_SEEDS) & np.isfinite(mean)]
+        if len(many):
+            assert many["low"].notna().all() and many["interval_method"].str.contains("bootstrap").all(), table_name
+
+
+def test_labels_show_the_options_that_vary_within_a_sweep():
+    from analysis.plots.labels import label_runs
+
+    def run(sweep, job, model, **options):
+        return {"run_dir": f"/r/{sweep}/{job}", "model": model, "config.model.d_model": 32 + job,
+                **{f"config.model.{k}": v for k, v in options.items()}}
+
+    rows = pd.DataFrame([run("a", 0, "dpfp", dpfp_nu=1), run("a", 1, "dpfp", dpfp_nu=2),
+                         run("a", 2, "favor", favor_features=128), run("a", 3, "favor", favor_features=None),
+                         run("a", 4, "deltanet", rule="delta"), run("a", 5, "deltanet", rule="additive"),
+                         run("a", 6, "elu"), run("a", 7, "elu"),                          # width only
+                         run("a", 8, "pkg.Mix", **{"options.window": 8}), run("a", 9, "pkg.Mix", **{"options.window": 16}),
+                         run("b", 0, "dpfp", dpfp_nu=3)])                                  # alone in its sweep
+    labels = dict(zip(rows["run_dir"], label_runs(rows)["label"]))
+    assert [labels[f"/r/a/{j}"] for j in range(10)] == [
+        "dpfp ν=1", "dpfp ν=2", "favor m=128", "favor m=default", "deltanet delta", "deltanet additive",
+        "elu", "elu", "pkg.Mix window=8", "pkg.Mix window=16"]
+    assert labels["/r/b/0"] == "dpfp"
+
+
+def test_variants_take_shades_of_their_mixers_colour_and_a_marker_each():
+    from analysis.plots.common import label_styles
+
+    rows = pd.DataFrame({"model": ["dpfp", "dpfp", "dpfp", "elu"], "label": ["dpfp ν=1", "dpfp ν=2", "dpfp ν=3", "elu"]})
+    colors, markers = label_styles(rows)
+    assert list(colors) == ["elu", "dpfp ν=1", "dpfp ν=2", "dpfp ν=3"]           # the mixers' reading order
+    assert colors["elu"] == palette(["elu"])["elu"] and colors["dpfp ν=2"] == palette(["dpfp"])["dpfp"]
+    assert len({colors[f"dpfp ν={v}"] for v in (1, 2, 3)}) == 3 and len({markers[f"dpfp ν={v}"] for v in (1, 2, 3)}) == 3
+    hue = {lab: colorsys.rgb_to_hls(*colors[lab][:3])[0] for lab in colors if lab != "elu"}
+    assert max(hue.values()) - min(hue.values()) < 0.02                             # one hue, three shades
+
+
 def _visible(fig):
     return {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
 
 
-def test_capacity_draws_both_axes_and_the_trained_prediction(frames):
-    fig = capacity_figure(frames["capacity"])
+def _lines(ax, color, style="-"):
+    return [line for line in ax.lines if line.get_color() == color and line.get_linestyle() == style
+            and len(line.get_xdata()) > 1]
+
+
+def test_capacity_follows_schlags_protocol_and_extrapolates_from_the_reference_n(drawn):
+    fig = drawn["capacity"]
     panels = _visible(fig)
-    width, law = panels["capacity at equal width: d_model 32"], panels["per key dimension (all widths)"]
+    protocol, extrapolation = panels["one model per N (Schlag's protocol)"], panels["trained at N = 16, tested at every N"]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels[:4] == ["softmax", "elu", "favor", "retnet"]   # the failed mamba run is left out
-    assert "predicted from trained statistics" in labels and "random keys, state of dim d_key" in labels
-    colors = palette(labels[:4])
+    assert labels[:8] == ["softmax", "elu", "favor m=16", "favor m=64", "dpfp ν=1", "dpfp ν=2", "deltanet additive",
+                          "deltanet delta"]                                       # the failed mamba run is left out
+    from analysis.plots.common import label_styles
 
-    def lines(ax, model, style):
-        return [line.get_xdata() for line in ax.lines if line.get_color() == colors[model]
-                and line.get_linestyle() == style and len(line.get_xdata())]
+    colors, _ = label_styles(pd.DataFrame({"model": [make_results.CAPACITY[lab][0] for lab in labels[:8]],
+                                           "label": labels[:8]}))
+    np.testing.assert_allclose(_lines(protocol, colors["elu"])[0].get_xdata(), make_results.CAPACITY_TRAIN_N)
+    np.testing.assert_allclose(_lines(extrapolation, colors["elu"])[0].get_xdata(), make_results.CAPACITY_TEST_N)
+    assert _lines(extrapolation, colors["elu"], "--"), "the out-of-sample prediction"
+    proto = fig.tables["capacity_protocol"].set_index(["label", "num_pairs"])
+    assert (proto["n"] == 5).all() and (proto["interval_method"] == stats.METHOD).all()
+    mean = _lines(protocol, colors["elu"])[0].get_ydata()
+    np.testing.assert_allclose(mean, proto.loc["elu", "mean"].to_numpy())
+    assert ((proto["low"] <= proto["mean"]) & (proto["mean"] <= proto["high"])).all()
 
-    n = np.array([4, 8, 16, 32, 64, 128])
-    np.testing.assert_allclose(lines(width, "elu", "-")[0], n)          # N at equal width
-    np.testing.assert_allclose(lines(width, "favor", "--")[0], n)       # its trained prediction
-    np.testing.assert_allclose(lines(law, "elu", "-")[0], n / 16)       # N / d_key
-    np.testing.assert_allclose(lines(law, "favor", "-")[0], n / 44)
-    assert any(line.get_linestyle() == ":" and line.get_color() == "0.45" for line in law.lines)
+
+def test_capacity_n50_measured_and_predicted_out_of_sample(drawn):
+    half = drawn["capacity"].tables["capacity_n50"].set_index("label")
+    # the protocol's break point is the fixture's (f(N / cap) = 0.5 at N = cap), up to the seeds' jitter
+    for label in ("elu", "favor m=16", "dpfp ν=1", "deltanet additive"):
+        assert half.loc[label, "n50_per_n"] == pytest.approx(make_results.CAPACITY[label][2], rel=0.05), label
+        # the fixture's out-of-sample law predicts half of what the runs hold below their training N
+        assert half.loc[label, "ratio_predicted_to_extrapolation"] == pytest.approx(0.5, abs=0.05), label
+    assert half.loc["softmax", "n50_per_n"] == np.inf and half.loc["softmax", "interval_method"].startswith("none")
+    assert (half["reference_n"] == make_results.CAPACITY_REFERENCE_N).all() and (half["n"] == 5).all()
+    assert half.loc["elu", "low"] < half.loc["elu", "mean"] < half.loc["elu", "high"]
+    assert half.loc["favor m=64", "state_elements_per_layer"] == make_results.CAPACITY["favor m=64"][4]
+    assert {"n50_extrapolation", "n50_predicted", "ratio_predicted_to_per_n", "params"} <= set(half.columns)
 
 
-def test_capacity_chooses_the_learning_rate_on_validation_and_keeps_every_one(frames):
+def test_capacity_break_points_beside_schlag_and_the_exponent_per_family(drawn):
+    fig = drawn["capacity"]
+    schlag = fig.tables["capacity_schlag"].set_index("label")
+    assert schlag.loc["elu", "schlag_keys_scaled"] == "15-20"                   # 60-80 at d = 64, d_head 16
+    assert schlag.loc["dpfp ν=2", "schlag_keys_scaled"] == "70" and schlag.loc["dpfp ν=1", "schlag_row"] == "DPFP ν=1"
+    assert "earliest" in schlag.loc["favor m=64", "schlag_keys_at_d64"]
+    assert schlag.loc["deltanet delta", "schlag_row"] == ""                      # not in Schlag's table
+    fits = fig.tables["capacity_families"].set_index("family")
+    assert fits.loc["linear", "points"] == 5 and 0.2 < fits.loc["linear", "exponent"] < 1.0
+    assert np.isnan(fits.loc["delta", "exponent"])                              # both at one state size
+    state = _visible(fig)["break point against state size"]
+    assert state.get_xscale() == "log" and state.get_yscale() == "log"
+
+
+def test_capacity_chooses_the_learning_rate_on_validation_and_flags_the_edge(frames):
     from analysis.plots.capacity import capacity_selected
 
     selected, per_lr = capacity_selected(frames["capacity"])
     assert set(selected["config.trainer.lr"]) == {3e-3}     # 1e-2 scores better on test, worse on val
-    # per (mixer, width): the validation accuracy over every N and seed
-    assert len(per_lr) == 4 * 2 and per_lr["chosen"].sum() == 4 and (per_lr["runs"] == 2 * 6).all()
-    assert (per_lr["selected_on"] == "validation").all()
-    fig = capacity_figure(frames["capacity"])
-    assert set(fig.tables) == {"capacity_per_lr", "capacity_n50"}
-    half = fig.tables["capacity_n50"].set_index("model")
-    # the fixture's trained statistics predict half the measured capacity
-    for model in ("elu", "favor", "retnet"):
-        assert half.loc[model, "ratio"] == pytest.approx(0.5, rel=0.05), model
-    assert half.loc["softmax", "n50_measured"] == np.inf
+    assert per_lr["chosen"].sum() == 8 * 3 and (per_lr["selected_on"] == "validation").all()
+    assert per_lr.loc[per_lr["chosen"], "lr_at_edge"].all()  # two rates (or one): the chosen one is an edge
+    assert (per_lr["n"] == 5).all()
 
 
 def test_half_point():
@@ -103,87 +191,143 @@ def test_half_point():
     assert half_point([4, 8], [0.9, 0.8]) == np.inf and np.isnan(half_point([4, 8], [0.4, 0.1]))
 
 
-def test_capacity_without_the_trained_statistics_says_so(frames):
-    no_heads = frames["capacity"][frames["capacity"]["table"] != "heads"]
-    texts = " ".join(t.get_text() for ax in capacity_figure(no_heads).axes for t in ax.texts)
-    assert "no trained-statistics prediction" in texts
+def test_capacity_without_the_prediction_says_so(frames):
+    data = frames["capacity"]
+    bare = data[data["table"] != "settings"].drop(columns=[c for c in data.columns if "from_train" in c])
+    texts = " ".join(t.get_text() for ax in capacity_figure(bare).axes for t in ax.texts)
+    assert "no out-of-sample prediction" in texts
 
 
-def test_snr_trained_runs_beside_the_probe_in_both_panels(frames):
+def test_snr_law_and_the_trained_law_out_of_sample(drawn, frames):
+    from analysis.plots.snr import out_of_sample_points
+
     pts = snr_points(frames["snr"])
-    assert set(pts["source"]) == {"untrained probe", "trained"}  # summary not counted twice
-    assert set(pts["panel"]) == {"nominal", "own"}
-    fits = fit_slopes(pts).set_index(["panel", "source", "model"])
+    assert set(pts["source"]) == {"untrained probe", "trained"}
+    fits = fit_slopes(pts).set_index(["source", "label"])
     for model in ("linear", "elu", "favor"):
-        assert fits.loc[("nominal", "untrained probe", model), "slope"] == pytest.approx(1.0, abs=0.1)
-    trained = fits.loc[("nominal", "trained", "elu")]
-    assert trained["slope"] == pytest.approx(1.0) and trained["prefactor"] == pytest.approx(0.7)
-    assert fits.loc[("own", "trained", "elu"), "prefactor"] == pytest.approx(0.7 / 0.8)
-    fig = figures.snr_figure(frames["snr"])
-    filled = [c for ax in fig.axes for c in ax.collections if c.get_facecolor().size and
-              c.get_facecolor()[0][3] > 0]
-    hollow = [c for ax in fig.axes for c in ax.collections if not c.get_facecolor().size or
-              c.get_facecolor()[0][3] == 0]
-    assert filled and hollow
+        assert fits.loc[("untrained probe", model), "slope"] == pytest.approx(1.0, abs=0.1)
+    assert fits.loc[("trained", "favor m=64"), "prefactor"] == pytest.approx(0.6)
+    oos = out_of_sample_points(frames["snr"])
+    assert len(oos) and not (oos["test_n"] == oos["train_n"]).any()           # never the training N
+    assert (oos["config.trainer.lr"] == 3e-3).all()                           # the capacity figure's choice
+    fig = drawn["snr"]
+    table = fig.tables["snr_out_of_sample"]
+    assert (table["n"] == 5).all() and {"predicted_mean", "measured_minus_predicted"} <= set(table.columns)
+    right = _visible(fig)["trained law out of sample (other N than trained)"]
+    assert "training N" in right.get_xlabel() and "training N on validation data" in fig.caption
 
 
-def test_mqar_takes_the_learning_rate_chosen_on_validation(frames):
+def test_mqar_at_zoologys_settings_with_a_paired_width_trend(drawn, frames):
     best = best_over_lr(mqar_points(frames["mqar"]))
-    assert len(best) == 3 * 3 * 3                             # mixers x widths x (seq_len, pairs)
-    assert (best["best_lr"] == 3e-3).all()                    # the fixture's lr 1e-3 is 10% worse
-    fig = figures.mqar_figure(frames["mqar"])
+    assert len(best) == 3 * 2 * 3                             # mixers x widths x (seq_len, pairs)
+    assert dict(best.groupby("label")["best_lr"].first()) == {"elu": 1e-3, "mamba": 1e-2, "softmax": 1e-2}
+    fig = drawn["mqar"]
     titles = sorted(t for t in _visible(fig) if t.startswith("seq_len"))
-    assert titles == ["seq_len 128, 16 pairs", "seq_len 64, 4 pairs", "seq_len 64, 8 pairs"]
-    trend = fig.tables["mqar_width_trend"]
-    assert not trend["loses_with_width"].any()                # every fixture mixer gains with width
+    assert titles == ["seq_len 128, 8 pairs", "seq_len 256, 16 pairs", "seq_len 64, 4 pairs"]
+    trend = fig.tables["mqar_width_trend"].set_index(["label", "pairs", "config.model.d_model"])
+    lost = trend.loc[("mamba", 16, 64)]
+    assert lost["loses_with_width"] and lost["p_value"] < 0.05 and lost["n_paired"] == 3 and lost["vs_width"] == 32
+    assert trend.loc[("elu", 8, 64), "gains_with_width"] and not trend["loses_with_width"].drop(("mamba", 16, 64)).any()
+    assert (trend["test"] == stats.PAIRED_TEST).all() and trend["low"].isna().all()  # three seeds: no interval
+    per_lr = fig.tables["mqar_per_lr"]
+    chosen = per_lr[per_lr["chosen"]].set_index("label")
+    assert chosen.loc["elu", "lr_at_edge"].all() and not chosen.loc["mamba", "lr_at_edge"].any()
+    assert per_lr.loc[per_lr["lr_extended"], "config.trainer.lr"].eq(3e-2).all() and per_lr["lr_extended"].any()
+    heat = _visible(fig)["every learning rate\n(mean val. accuracy; red: chosen,\ndashed with ▸: chosen at the grid's edge)"]
+    dashed = [p for p in heat.patches if p.get_linestyle() == "--"]
+    assert len(dashed) == 2 * 3 * 2                                 # elu and softmax, every width and setting
 
 
-def test_width_trend_flags_a_loss_beyond_the_interval():
+def test_width_trend_is_a_paired_test_across_seeds():
     from analysis.plots.mqar import width_trend
 
-    rows = pd.DataFrame({"model": "m", "seq_len": 64, "pairs": 8,
-                         "config.model.d_model": [32, 32, 32, 64, 64, 64],
-                         "accuracy": [0.50, 0.55, 0.52, 0.10, 0.12, 0.08]})
+    seeds = [0, 1, 2, 3]
+    rows = pd.DataFrame({"label": "m", "seq_len": 64, "pairs": 8, "config.seed": seeds * 2,
+                         "config.model.d_model": [32] * 4 + [64] * 4,
+                         "accuracy": [0.50, 0.70, 0.60, 0.80, 0.48, 0.69, 0.58, 0.79]})  # 0.015 lower, every seed
     trend = width_trend(rows).set_index("config.model.d_model")
-    assert not trend.loc[32, "loses_with_width"] and trend.loc[64, "loses_with_width"]
-    assert trend.loc[32, "low"] <= trend.loc[32, "mean"] <= trend.loc[32, "high"]
-    noisy = rows.assign(accuracy=[0.5, 0.1, 0.9, 0.45, 0.2, 0.7])  # within each other's interval
+    assert trend.loc[64, "loses_with_width"] and trend.loc[64, "p_value"] < 0.05
+    noisy = rows.assign(accuracy=[0.5, 0.7, 0.6, 0.8, 0.6, 0.55, 0.7, 0.72])
     assert not width_trend(noisy)["loses_with_width"].any()
 
 
-def test_interval_is_a_bootstrap_of_the_mean():
-    from analysis.plots.common import interval
-
-    mean, lo, hi = interval([0.1, 0.2, 0.3, 0.4])
-    assert mean == pytest.approx(0.25) and 0.1 <= lo < mean < hi <= 0.4
-    assert interval([0.5, 0.5]) == (0.5, 0.5, 0.5) and np.isnan(interval([0.5])[1])
-
-
-def test_induction_bars_take_the_validation_choice(frames):
-    fig = figures.induction_figure(frames["induction"])
+def test_induction_bars_take_the_validation_choice_and_claim_no_interval(drawn, frames):
+    fig = drawn["induction"]
     bars = _visible(fig)["Induction accuracy per mixer"].patches
     runs = frames["induction"][frames["induction"]["table"] == "runs"]
     chosen = runs[runs["config.trainer.lr"] == 3e-3].groupby("model")["summary.accuracy"].mean()
-    assert [b.get_height() for b in bars] == pytest.approx([chosen[m] for m in ("softmax", "elu", "mamba")])
-    assert fig.tables["induction_per_lr"]["chosen"].sum() == 3
+    assert [b.get_height() for b in bars] == pytest.approx([chosen[m] for m in ("softmax", "elu", "mamba", "deltanet")])
+    assert fig.tables["induction_per_lr"]["chosen"].sum() == 4
+    assert "no interval (n < 5)" in fig.caption
+    assert (fig.tables["induction_ranking"]["verdict"] == "no interval (n < 5)").all()
 
 
-def test_sharpness_bars_follow_the_retrieval_head(frames):
+def test_sharpness_bars_follow_the_retrieval_head_with_each_seed(drawn, frames):
     rows = sharpness_rows(frames["sharpness"])
     focus = retrieval_heads(rows)
     assert set(zip(focus["layer"], focus["head"])) == {(0, 0)} and len(rows) == 4 * len(focus)
-    fig = sharpness_figure(frames["sharpness"])
-    heights = [bar.get_height() for bar in fig.axes[1].patches]   # softmax, linear, elu, favor
-    expected = focus.groupby("model")["target_weight"].mean()
-    assert heights == pytest.approx([expected[m] for m in ("softmax", "linear", "elu", "favor")])
-    assert "bars: retrieval head" in fig.get_suptitle()
+    fig = drawn["sharpness"]
+    ax = fig.axes[1]
+    heights = [bar.get_height() for bar in ax.patches]   # softmax, linear, elu, favor, deltanet
+    expected = focus.groupby(["model", "config.seed"])["target_weight"].mean().groupby("model").mean()
+    assert heights == pytest.approx([expected[m] for m in ("softmax", "linear", "elu", "favor", "deltanet")])
+    dots = [c for c in ax.collections if len(c.get_offsets()) == 5]
+    assert len(dots) == 5                                  # each bar's five seeds
+    table = fig.tables["sharpness"].set_index(["metric", "label"])
+    assert (table.loc["target_weight", "interval_method"] == stats.METHOD_SEEDS).all() and table["low"].notna().all()
+    assert (table.loc["monotonicity", "interval_method"] == stats.FALLBACK_SEEDS).all()  # every seed alike
+    ranking = fig.tables["sharpness_ranking"]
+    softmax = ranking[(ranking["metric"] == "target_weight") & (ranking["a"] == "softmax")]
+    assert len(softmax) == 4 and softmax["separated"].all()
+    assert "bars: retrieval head" in fig.get_suptitle() and stats.METHOD_SEEDS in fig.caption
 
 
 def test_sharpness_falls_back_to_run_summaries(frames):
     runs_only = frames["sharpness"][frames["sharpness"]["table"] == "runs"]
     fig = sharpness_figure(runs_only)
-    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    assert isinstance(fig, Figure) and len(fig.axes) == 3  # entropy, weight on the answer, every learning rate
     assert fig.axes[0].get_ylabel() == "attention entropy H (nats)"
+
+
+def test_learning_curves_and_the_steps_to_09(drawn):
+    fig = drawn["learning"]
+    assert set(_visible(fig)) >= {"task recall", "task interference, trained at N = 16"}
+    steps = fig.tables["learning_steps"].set_index(["panel", "label"])
+    softmax = steps.loc[("task recall", "softmax")]
+    assert softmax["n"] == 5 and isinstance(softmax["mean"], float) and softmax["seed_0"] == 100
+    assert steps.loc[("task recall", "linear"), "mean"] == "never for 5 of 5 seeds"
+    assert (steps.loc[("task recall", "linear"), [f"seed_{s}" for s in range(5)]] == "never").all()
+    # seeds 0-2 stopped on their plateau: fewer steps than max_steps, and said so
+    assert steps.loc[("task recall", "softmax"), "steps_trained_0"] < make_results.SHARPNESS_MAX_STEPS
+    assert "plateau x3" in steps.loc[("task recall", "softmax"), "stop_reasons"]
+    assert "stopped: plateau" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_frontier_on_state_elements_with_bytes_on_top(drawn):
+    fig = drawn["frontier"]
+    mean_ax = _visible(fig)["mean over the test settings"]
+    assert "elements" in mean_ax.get_xlabel() and mean_ax.child_axes
+    assert "bytes" in mean_ax.child_axes[0].get_xlabel()
+    table = fig.tables["frontier"]
+    assert {"params", "state_elements_per_layer", "state_bytes_per_layer"} <= set(table.columns)
+    assert set(table["label"]) == {"softmax", "swa", "elu", "taylor", "deltanet delta", "deltanet additive"}
+    assert "mixture (64, 4), (128, 16)" in fig.caption
+    largest = fig.tables["frontier_largest"]
+    assert (largest["test_setting"] == "seq_len=512,num_pairs=64").all()
+
+
+def test_forgetting_gap_is_tested_paired_by_seed(drawn):
+    gap = drawn["forgetting"].tables["forgetting_gap"].set_index("label")
+    assert gap.loc["elu", "gap"] == pytest.approx(-0.45) and gap.loc["deltanet additive", "gap"] == pytest.approx(-0.40)
+    assert (gap["n_paired"] == 2).all() and (gap["test"] == stats.PAIRED_TEST).all()
+
+
+def test_length_reaches_16k_with_the_theory(drawn):
+    fig = drawn["length"]
+    table = fig.tables["length"]
+    assert table["seq_len"].max() == 16384 and set(table["label"]) == {"softmax", "elu", "retnet", "mamba", "deltanet"}
+    ax = fig.axes[0]
+    assert [line for line in ax.lines if line.get_linestyle() == "--"], "predicted accuracy"
 
 
 def test_state_figure_marks_the_gpt2_crossover():
@@ -197,8 +341,9 @@ def test_state_figure_marks_the_gpt2_crossover():
     assert state.get_ydata()[0] == 64 * 64 + 64
 
 
-def test_cost_slopes_follow_the_form(frames):
-    slopes = cost_slopes(cost_rows(frames["cost"])).set_index(["pass", "family", "form"])["slope"]
+def test_cost_slopes_follow_the_form(frames, tree):
+    rows = cost_rows(load_all(tree / "cost"))
+    slopes = cost_slopes(rows).set_index(["pass", "family", "form"])["slope"]
     assert slopes[("fwd", "softmax", "parallel")] == pytest.approx(2.0, abs=0.1)
     assert slopes[("fwdbwd", "linear", "chunk")] == pytest.approx(1.0, abs=0.1)
 
@@ -317,8 +462,8 @@ def test_figures_not_drawn_exit_1_and_are_named(tree, tmp_path, capsys):
     code = figures.main(["--results", str(partial), "--out", str(tmp_path / "figs")])
     assert code == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last == ("python -m analysis.figures: 9 figure(s) not drawn: sharpness, attention, mqar, induction, "
-                    "cost, length, needle, frontier, forgetting (see the warnings above)")
+    assert last == ("python -m analysis.figures: 10 figure(s) not drawn: sharpness, attention, mqar, induction, "
+                    "cost, length, needle, frontier, forgetting, learning (see the warnings above)")
 
 
 def test_smoke_discovers_experiments_from_the_files():

@@ -16,24 +16,43 @@ def cases(tmp_path_factory) -> dict[str, Path]:
     return make_results.write_loader_cases(tmp_path_factory.mktemp("cases"))
 
 
+CAPACITY_RUNS = len(make_results.CAPACITY) * 4 * 5  # labels x (training N, the reference one at 2 lrs) x seeds
+
+
 def test_multirun_gives_one_row_per_run_in_job_order(tree):
     runs = load_results(tree / "capacity")
-    assert len(runs) == 17                                   # 4 mixers x 2 seeds x 2 lrs + 1 failed
+    assert len(runs) == CAPACITY_RUNS + 1                    # + 1 failed
     assert list(runs.columns[:6]) == ["run_dir", "mode", "status", "error", "task", "model"]
-    assert [Path(d).name for d in runs["run_dir"]] == [str(i) for i in range(17)]
-    assert runs["status"].value_counts().to_dict() == {"ok": 16, "failed": 1}
+    assert [Path(d).name for d in runs["run_dir"]] == [str(i) for i in range(CAPACITY_RUNS + 1)]
+    assert runs["status"].value_counts().to_dict() == {"ok": CAPACITY_RUNS, "failed": 1}
     assert set(runs["task"]) == {"interference"}
     elu = runs[runs["model"] == "elu"]
-    assert elu["config.seed"].tolist() == [0, 0, 1, 1]       # the seed and lr columns of each run
-    assert elu["config.trainer.lr"].tolist() == [3e-3, 1e-2, 3e-3, 1e-2]
-    assert elu["config.model.d_model"].tolist() == [32, 32, 32, 32]
-    assert (elu["summary.d_key"] == 16).all()
+    assert elu["config.seed"].tolist() == [0, 1, 2, 3, 4] * 4   # the seed, lr and N columns of each run
+    assert elu["config.trainer.lr"].tolist() == [3e-3] * 5 + [3e-3] * 5 + [1e-2] * 5 + [3e-3] * 5
+    assert elu["config.task.num_pairs"].tolist() == [8] * 5 + [16] * 10 + [32] * 5
+    assert (elu["config.model.d_model"] == 32).all() and (elu["summary.d_key"] == 16).all()
     assert pd.api.types.is_float_dtype(runs["summary.accuracy"])
+
+
+def test_metrics_jsonl_is_the_metrics_table(tree, tmp_path):
+    metrics = load_results(tree / "sharpness", "metrics")
+    runs = load_results(tree / "sharpness")
+    assert set(metrics["run_dir"]) == set(runs["run_dir"])   # every run's learning curve
+    first = (tree / "sharpness" / "0" / "metrics.jsonl").read_text().splitlines()
+    rows = metrics[metrics["run_dir"] == (tree / "sharpness" / "0").as_posix()]
+    assert rows["step"].tolist() == [json.loads(line)["step"] for line in first]
+    assert (rows["split"] == "val").all() and "summary.stop_reason" in rows.columns
+    # a run killed mid-write leaves a partial last line: the rows before it are kept
+    run = tmp_path / "run"
+    make_results.write_run(run, make_results.result("train", "recall", "elu", {}, {"accuracy": 0.5}))
+    (run / "metrics.jsonl").write_text('{"step": 10, "split": "val", "accuracy": 0.2}\n{"step": 20, "spl')
+    assert load_results(run, "metrics")["step"].tolist() == [10]
+    assert load_results(tree / "mqar", "metrics").empty      # runs without the file add no rows
 
 
 def test_slices_rows_carry_their_run(tree):
     slices = load_results(tree / "capacity", "slices")
-    assert len(slices) == 16 * 6                             # the failed run has no slices
+    assert len(slices) == CAPACITY_RUNS * len(make_results.CAPACITY_TEST_N)  # the failed run has no slices
     wanted = {"run_dir", "model", "slice", "value", "accuracy", "config.seed", "summary.d_key"}
     assert wanted <= set(slices.columns)
     first = json.loads((tree / "capacity" / "0" / "results.json").read_text())
@@ -99,9 +118,9 @@ def test_load_all_is_every_table_in_one_long_frame(tree):
     counts = long["table"].value_counts().to_dict()
     per_experiment = [load_results(tree / e) for e in make_results.EXPERIMENTS]
     assert counts["runs"] == sum(len(r) for r in per_experiment)
-    for name in ("slices", "heads", "probe", "cost", "settings"):
+    for name in ("slices", "heads", "probe", "cost", "settings", "metrics"):
         assert counts[name] == len(load_results(tree, name))
-    assert set(counts) == {"runs", "slices", "heads", "probe", "cost", "settings"}
+    assert set(counts) == {"runs", "slices", "heads", "probe", "cost", "settings", "metrics"}
 
 
 def test_nested_config_lists_and_extra_scalars(tmp_path):

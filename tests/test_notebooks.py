@@ -42,7 +42,7 @@ def kernel(tree, tmp_path_factory):
 def test_every_figure_family_has_a_notebook():
     names = {p.stem for p in NOTEBOOKS}
     assert names == {"nb_capacity", "nb_snr", "nb_sharpness", "nb_mqar", "nb_induction", "nb_cost", "nb_attention",
-                     "nb_length", "nb_needle", "nb_frontier", "nb_forgetting"}
+                     "nb_length", "nb_needle", "nb_frontier", "nb_forgetting", "nb_learning"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -1,17 +1,25 @@
-"""Capacity: recall accuracy against N on the interference task, at equal width and per key
-dimension, with the accuracy each mixer's trained statistics predict.
+"""Capacity at Schlag's protocol: one model trained per number of stored pairs N, and where
+each mixer breaks, against the size of its state.
 
-Two x-axes, because they answer two questions. N at equal model width (one panel per
-d_model): what a model of a given size recalls. N / d_key (d_key = the state's key
-dimension: d_head for elu, m for FAVOR+, 1 + d + d^2 for taylor): what a dimension of state
-buys, the crosstalk law's own axis. Each curve is the test accuracy of one trained model
-family, mean and 95% bootstrap interval over seeds (seaborn), at the learning rate chosen per
-(mixer, width) on the validation split, its validation accuracy averaged over the tested N
-(each N is an evaluation of the same models, trained at one N: choosing per N would stitch a
-curve out of different models). Dashed, in each mixer's colour: the accuracy predicted from its own
-trained statistics (harness.measure.trained_theory: measured d_kernel, N_eff, codebook) for
-the same runs; grey dotted on the N / d_key panel: random keys in a state of dimension d_key
-(the untrained law). The last panel keeps every learning rate's result.
+Each run is trained at one N (config.task.num_pairs) and tested at every N of
+task.test_num_pairs. Panels:
+
+1. the protocol: accuracy at test N = training N, against N (one trained model per point);
+2. the extrapolation view: the runs trained at one reference N (the training N with the most
+   runs, or ``reference_n``), tested at every N, with the accuracy their kernel statistics
+   predict out of sample (dashed: harness.measure.trained_theory's statistics measured at the
+   training setting, evaluated at each other N through harness.measure.theory:
+   ``acc_predicted_from_train`` of each settings row);
+3. N at 50% accuracy of the protocol (interpolated on log N) against the state's elements per
+   layer (summary.state_elements_per_layer), log-log, with the exponent fitted per family
+   (summary.family, the mixer's kind; else its name);
+4. every learning rate's result (chosen per mixer, width and training N on the validation
+   split at the training N), and Schlag et al.'s break points beside each mixer's, scaled to
+   the run's head width (x d_head / 64).
+
+Every point: each seed drawn, the mean, and an interval only from five seeds (analysis.stats).
+A mixer joins by its name in the experiment's model list; its variants (dpfp ν, FAVOR+
+features, the additive control) are told apart by the options that vary (analysis.plots.labels).
 """
 from __future__ import annotations
 
@@ -19,57 +27,114 @@ import math
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.plots.common import (CI, CI_SEED, WIDTH, figure, legend_outside, log2_axis, lr_heatmap,
-                                   mixer_handles, mixer_order, new_figure, note, palette, require,
-                                   retrieval_heads, select_on_validation, table)
-from analysis.plots.reference import accuracy_curve
+from analysis import stats
+from analysis.plots.common import (WIDTH, caption, draw_estimates, figure, label_order, label_styles, labelled,
+                                   legend_outside, log2_axis, loglog_slope, lr_heatmap, new_figure, note, plain_log_axes,
+                                   require, retrieval_heads, select_on_validation, setting_values, table)
+from analysis.plots.reference import SCHLAG_BREAKS, SCHLAG_D_KEY
 
-POINT = ["model", WIDTH]  # one trained model family: the learning rate is chosen per point
-PREDICTED = "acc_predicted_trained"
+TRAIN_N = "config.task.num_pairs"
+POINT = ["label", WIDTH, "train_n"]   # one trained model family: the learning rate is chosen per point
+FROM_TRAIN = "acc_predicted_from_train"
+READOUT = "acc_readout_trained"
+STATE = "summary.state_elements_per_layer"
 
 
 def capacity_points(data: pd.DataFrame) -> pd.DataFrame:
-    """Interference-task slices by number of pairs, with ``n_over_d`` = N / summary.d_key."""
+    """Interference-task slices by number of pairs, labelled, with the run's training N
+    (``train_n``; NaN for runs that do not say) and the test N (``value``)."""
     rows = table(data, "slices", primary=True)
     if "slice" in rows.columns:
         rows = rows[rows["slice"] == "num_pairs"]
     if "task" in rows.columns:
         rows = rows[rows["task"] == "interference"]
-    rows = require(rows, ["model", "value", "accuracy", "summary.d_key"],
-                   "interference-task accuracy by num_pairs with summary.d_key")
+    rows = require(rows, ["model", "value", "accuracy"], "interference-task accuracy by num_pairs")
     if WIDTH not in rows.columns:
         rows = rows.assign(**{WIDTH: np.nan})
-    return rows.assign(n_over_d=rows["value"] / rows["summary.d_key"])
+    rows = rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan)
+    return labelled(rows)
 
 
 def capacity_selected(data: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(slice rows of the learning rate chosen on validation per point, per-lr table)."""
-    return select_on_validation(capacity_points(data), POINT)
+    """(every slice of the runs at the learning rate chosen per point, per-lr table). The rate
+    is chosen on validation at the training N (where the validation batches are); runs that do
+    not name their training N are chosen on their mean over the tested N."""
+    rows = capacity_points(data)
+    at_train = rows[(rows["value"] == rows["train_n"]) | rows["train_n"].isna()]
+    picked, per_lr = select_on_validation(at_train, POINT, count="count")
+    return rows[rows["run_dir"].isin(set(picked["run_dir"]))].reset_index(drop=True), per_lr
 
 
-def predicted_points(data: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
-    """The retrieval head's accuracy predicted from trained statistics, for the selected runs
-    and their N; empty when the runs carry no trained-statistics columns."""
+def protocol_rows(selected: pd.DataFrame) -> pd.DataFrame:
+    """Test N = training N: the per-N protocol's points (one model per N)."""
+    return selected[selected["value"] == selected["train_n"]]
+
+
+def reference_n(rows: pd.DataFrame, reference: float | None = None) -> float:
+    """The training N of the extrapolation view: ``reference`` if given, else the training N
+    with the most runs of ``rows`` (every learning rate counted: where the sweep spent more;
+    ties: the smallest, which has the most test N beyond it)."""
+    if reference is not None:
+        return float(reference)
+    runs = rows.drop_duplicates("run_dir")
+    counts = runs.groupby("train_n")["run_dir"].size()
+    if counts.empty:
+        return math.nan
+    top = counts[counts == counts.max()].index
+    return float(min(top)) if len(top) else math.nan
+
+
+def predicted_points(data: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
+    """Out-of-sample predicted accuracy (``predicted``) per run and test N (``value``) of the
+    runs in ``labels`` (run_dir -> label): the settings rows' acc_predicted_from_train, else the
+    summary's acc_predicted_from_train/<setting>; empty when the runs carry no prediction."""
+    settings = table(data, "settings")
+    if FROM_TRAIN in settings.columns and "run_dir" in settings.columns:
+        pts = settings[settings["run_dir"].isin(labels.index)].dropna(subset=[FROM_TRAIN])
+        trained = pts[TRAIN_N] if TRAIN_N in pts.columns else pd.Series(np.nan, index=pts.index)
+        pts = pts.assign(value=[setting_values(name).get("num_pairs", n) for name, n in zip(pts["name"], trained)])
+        pts = pts.rename(columns={FROM_TRAIN: "predicted"})
+    else:
+        runs = table(data, "runs")
+        prefix = f"summary.{FROM_TRAIN}/"
+        cols = [c for c in runs.columns if c.startswith(prefix)]
+        if not cols or "run_dir" not in runs.columns:
+            return pd.DataFrame(columns=["run_dir", "label", WIDTH, "value", "predicted"])
+        runs = runs[runs["run_dir"].isin(labels.index)]
+        pts = runs.melt(id_vars=["run_dir"] + [c for c in (WIDTH,) if c in runs.columns], value_vars=cols,
+                        var_name="setting", value_name="predicted").dropna(subset=["predicted"])
+        pts = pts.assign(value=[setting_values(s[len(prefix):]).get("num_pairs", np.nan) for s in pts["setting"]])
+    return _with_labels(pts, labels)
+
+
+def readout_points(data: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
+    """The same-setting read-out analysis (acc_readout_trained) of the retrieval head, per run
+    and N: what the weights at each tested N give, not a prediction."""
     heads = retrieval_heads(table(data, "heads"))
-    if heads.empty or PREDICTED not in heads.columns:
-        return pd.DataFrame(columns=["model", WIDTH, "value", PREDICTED, "n_over_d"])
-    keep = selected[["run_dir", "value", "summary.d_key"]].drop_duplicates()
-    pts = heads.merge(keep, on=["run_dir", "value"], suffixes=("", "_sel"))
-    if WIDTH not in pts.columns:
-        pts = pts.assign(**{WIDTH: np.nan})
-    pts = pts.dropna(subset=[PREDICTED])
-    d_key = pts["summary.d_key_sel"] if "summary.d_key_sel" in pts.columns else pts["summary.d_key"]
-    return pts.assign(n_over_d=pts["value"] / d_key)
+    if heads.empty or READOUT not in heads.columns or "run_dir" not in heads.columns:
+        return pd.DataFrame(columns=["run_dir", "label", WIDTH, "value", READOUT])
+    return _with_labels(heads[heads["run_dir"].isin(labels.index)].dropna(subset=[READOUT]), labels)
+
+
+def _with_labels(rows: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
+    """Rows of other tables under the labels their runs have in the figure's own rows."""
+    rows = rows.assign(label=rows["run_dir"].map(labels))
+    return rows if WIDTH in rows.columns else rows.assign(**{WIDTH: np.nan})
+
+
+def run_labels(rows: pd.DataFrame) -> pd.Series:
+    """run_dir -> label of the figure's labelled rows."""
+    return rows.drop_duplicates("run_dir").set_index("run_dir")["label"]
 
 
 def half_point(n, accuracy) -> float:
     """N at which accuracy (mean per N) first falls to 0.5, interpolated in log N; inf if it
     stays above 0.5 over the measured N, NaN if it starts below."""
     curve = pd.Series(np.asarray(accuracy, float), index=np.asarray(n, float)).groupby(level=0).mean().sort_index()
+    curve = curve.dropna()
     if curve.empty or curve.iloc[0] < 0.5:
         return math.nan
     below = np.nonzero(curve.to_numpy() < 0.5)[0]
@@ -81,89 +146,212 @@ def half_point(n, accuracy) -> float:
     return float(math.exp(math.log(n0) + frac * (math.log(n1) - math.log(n0))))
 
 
-def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
-    """Per mixer and width: N at 50% accuracy measured, predicted from the trained statistics,
-    and their ratio (predicted / measured)."""
+def _ratio(a: float, b: float) -> float:
+    return a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else math.nan
+
+
+def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame, readout: pd.DataFrame | None = None,
+                        reference: float | None = None) -> pd.DataFrame:
+    """Per mixer (label) and width: N at 50% of the per-N protocol (its seeds' values, n, mean
+    and interval), of the extrapolation from the reference training N measured and predicted out
+    of sample (and read out of the same weights), their ratios, state elements and parameters.
+    ``reference``: the training N of the extrapolation (default: reference_n of ``selected``)."""
+    ref = reference_n(selected, reference)
+    protocol = protocol_rows(selected)
+    extrapolation = selected[selected["train_n"] == ref] if np.isfinite(ref) else selected
     rows = []
-    for (model, width), grp in selected.groupby(["model", WIDTH], dropna=False):
-        pred = predicted[(predicted["model"] == model) & (predicted[WIDTH] == width)] \
-            if not predicted.empty else predicted
-        measured = half_point(grp["value"], grp["accuracy"])
-        expected = half_point(pred["value"], pred[PREDICTED]) if len(pred) else math.nan
-        ratio = expected / measured if np.isfinite(measured) and np.isfinite(expected) else math.nan
-        rows.append({"model": model, WIDTH: width, "d_key": float(grp["summary.d_key"].median()),
-                     "n50_measured": measured, "n50_predicted": expected, "ratio": ratio})
+    for (label, width), grp in selected.groupby(["label", WIDTH], dropna=False):
+        proto = protocol[(protocol["label"] == label) & _same(protocol[WIDTH], width)]
+        extra = extrapolation[(extrapolation["label"] == label) & _same(extrapolation[WIDTH], width)]
+        pred = predicted[(predicted["label"] == label) & _same(predicted[WIDTH], width)] \
+            if len(predicted) else predicted
+        read = readout[(readout["label"] == label) & _same(readout[WIDTH], width)] \
+            if readout is not None and len(readout) else pd.DataFrame()
+        per_n = half_point(proto["value"], proto["accuracy"]) if len(proto) else math.nan
+        measured = half_point(extra["value"], extra["accuracy"]) if len(extra) else math.nan
+        expected = half_point(pred["value"], pred["predicted"]) if len(pred) else math.nan
+        read_out = half_point(read["value"], read[READOUT]) if len(read) else math.nan
+        seeds = {s: half_point(g["value"], g["accuracy"]) for s, g in proto.groupby(stats.SEED)} \
+            if stats.SEED in proto.columns else {}
+        est = stats.estimate(list(seeds.values())) if all(np.isfinite(list(seeds.values()))) else None
+        first = grp.iloc[0]
+        row = {"label": label, "model": first["model"], "family": _family(first), WIDTH: width,
+               "d_head": _median(grp, "summary.d_head"), "reference_n": ref,
+               "n50_per_n": per_n, "n50_extrapolation": measured, "n50_predicted": expected,
+               "n50_readout": read_out,
+               "ratio_predicted_to_extrapolation": _ratio(expected, measured),
+               "ratio_predicted_to_per_n": _ratio(expected, per_n),
+               "ratio_extrapolation_to_per_n": _ratio(measured, per_n),
+               "n": len(seeds), "mean": est.mean if est else (float(np.mean(list(seeds.values()))) if seeds else math.nan),
+               "interval_method": est.method if est else "none (a seed holds past the tested N)" if seeds
+               else stats.NO_INTERVAL,
+               "low": est.low if est else math.nan, "high": est.high if est else math.nan,
+               "state_elements_per_layer": _median(grp, STATE), "params": _median(grp, "summary.params")}
+        row.update({f"seed_{int(s)}": v for s, v in seeds.items()})
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _random_key_curve(ax, pts: pd.DataFrame) -> str | None:
-    """Top-1 recall of random keys in a state of dimension d_key (the untrained law), at the
-    median d_key, on the N / d_key axis; the reason when it cannot be drawn."""
-    d = float(pts["summary.d_key"].median())
-    vocab = pts["config.task.vocab_size"] if "config.task.vocab_size" in pts.columns else pd.Series(dtype=float)
-    per_head = pts["summary.d_head"] if "summary.d_head" in pts.columns else pd.Series(dtype=float)
-    if vocab.dropna().empty or per_head.dropna().empty:
-        return "random-key law not drawn: needs config.task.vocab_size and summary.d_head"
-    c = int(vocab.dropna().iat[0]) - int(vocab.dropna().iat[0]) // 2  # the value half of the vocabulary
-    n = np.geomspace(max(2.0, pts["value"].min() / 2), pts["value"].max() * 4, 40)
-    acc = accuracy_curve(d, n, candidates=c, value_dim=int(per_head.dropna().median()))
-    ax.plot(n / d, acc, color="0.45", ls=":", lw=1.2)
-    return None
+def _same(column: pd.Series, value) -> pd.Series:
+    return column.isna() if pd.isna(value) else column == value
+
+
+def _median(rows: pd.DataFrame, column: str) -> float:
+    return float(rows[column].median()) if column in rows.columns and rows[column].notna().any() else math.nan
+
+
+def _family(run: pd.Series) -> str:
+    family = run.get("summary.family")
+    return str(family) if isinstance(family, str) and family else str(run["model"])
+
+
+def schlag_table(half: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
+    """Each mixer's measured break point (N50 of the protocol) beside Schlag et al.'s row for
+    the same map (reference.SCHLAG_BREAKS), their keys scaled to the run's d_head (x d / 64)."""
+    options = selected.drop_duplicates("label").set_index("label")
+    rows = []
+    for _, mine in half.iterrows():
+        row = next((b for b in SCHLAG_BREAKS if _matches(b, options.loc[mine["label"]])), None)
+        d = mine["d_head"]
+        scaled = row.scaled(d) if row is not None and np.isfinite(d) else None
+        rows.append({"label": mine["label"], WIDTH: mine[WIDTH], "d_head": d, "n50_per_n": mine["n50_per_n"],
+                     "n": mine["n"], "schlag_row": row.name if row else "",
+                     f"schlag_keys_at_d{SCHLAG_D_KEY}": _span(row.low, row.high) if row and row.low else
+                     (row.note if row else ""),
+                     "schlag_keys_scaled": _span(*scaled) if scaled else "",
+                     "ratio_to_schlag_scaled": _ratio(mine["n50_per_n"], sum(scaled) / 2) if scaled else math.nan})
+    return pd.DataFrame(rows)
+
+
+def _matches(row, run: pd.Series) -> bool:
+    if run["model"] != row.model:
+        return False
+    return all(run.get(f"config.model.{k}") == v for k, v in row.options.items())
+
+
+def _span(low: float, high: float) -> str:
+    return f"{low:.0f}" if abs(high - low) < 0.5 else f"{low:.0f}-{high:.0f}"
+
+
+def family_fits(half: pd.DataFrame) -> pd.DataFrame:
+    """Per family: the exponent of N50 on state elements (log-log least squares over its mixers'
+    finite break points) and the number of points it rests on."""
+    rows = []
+    for family, grp in half.groupby("family"):
+        ok = grp[np.isfinite(grp["n50_per_n"]) & np.isfinite(grp["state_elements_per_layer"])]
+        rows.append({"family": family, "exponent": loglog_slope(ok["state_elements_per_layer"], ok["n50_per_n"]),
+                     "points": len(ok), "mixers": ", ".join(ok["label"])})
+    return pd.DataFrame(rows)
+
+
+def _draw_break_points(ax, half: pd.DataFrame, fits: pd.DataFrame, colors, markers, n_max: float) -> list:
+    styles = ("-", "--", ":", "-.")
+    handles = []
+    for _, row in half.iterrows():
+        x, y = row["state_elements_per_layer"], row["n50_per_n"]
+        if not np.isfinite(x) or np.isnan(y):
+            continue
+        holds = not np.isfinite(y)  # never fell to 50%: a lower bound at the largest N tested
+        ax.scatter([x], [n_max if holds else y], s=36, marker="^" if holds else markers[row["label"]],
+                   facecolors="none" if holds else colors[row["label"]], edgecolors=colors[row["label"]], zorder=3)
+        for s in stats.seed_values(row):
+            ax.scatter([x], [s], s=8, color=colors[row["label"]], alpha=0.4, linewidths=0)
+    for (_, fit), ls in zip(fits.iterrows(), styles * 4):
+        ok = half[(half["family"] == fit["family"]) & np.isfinite(half["n50_per_n"])
+                  & np.isfinite(half["state_elements_per_layer"])]
+        if not np.isfinite(fit["exponent"]):
+            continue
+        x = np.geomspace(ok["state_elements_per_layer"].min(), ok["state_elements_per_layer"].max(), 10)
+        offset = np.mean(np.log(ok["n50_per_n"]) - fit["exponent"] * np.log(ok["state_elements_per_layer"]))
+        ax.plot(x, np.exp(offset) * x ** fit["exponent"], color="0.25", ls=ls, lw=1.0)
+        handles.append((Line2D([], [], color="0.25", ls=ls), f"{fit['family']}: N50 ∝ S^{fit['exponent']:.2f}"))
+    return handles
+
+
+def _draw_table(ax, frame: pd.DataFrame) -> None:
+    ax.axis("off")
+    if frame.empty:
+        return
+    cells = [[r["label"], f"{r['d_head']:g}" if np.isfinite(r["d_head"]) else "",
+              "≥ tested" if r["n50_per_n"] == np.inf else (f"{r['n50_per_n']:.0f}" if np.isfinite(r["n50_per_n"]) else "—"),
+              str(r[f"schlag_keys_at_d{SCHLAG_D_KEY}"]) or "—", r["schlag_keys_scaled"] or "—"] for _, r in frame.iterrows()]
+    tab = ax.table(cellText=cells, colLabels=["mixer", "d_head", "N50 here", f"Schlag et al., d = {SCHLAG_D_KEY}",
+                                              "Schlag x d_head/64"], loc="center", cellLoc="left",
+                   colWidths=[0.2, 0.08, 0.1, 0.46, 0.16])
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(6)
+    tab.scale(1.0, 1.2)
+    ax.set_title("break points beside Schlag et al. (2021)\n(keys at 50% recall; scaled to d_head)", fontsize="small")
 
 
 @figure("capacity")
-def capacity_figure(data) -> Figure:
-    """Accuracy against N per width, against N / d_key, and every learning rate's result."""
+def capacity_figure(data, reference: float | None = None) -> Figure:
+    """The per-N protocol, the extrapolation from one training N with its out-of-sample
+    prediction, N50 against state elements, every learning rate, and Schlag's break points."""
     selected, per_lr = capacity_selected(data)
-    predicted = predicted_points(data, selected)
-    order = mixer_order(selected["model"])
-    colors = palette(order)
-    widths = sorted(selected[WIDTH].dropna().unique()) or [np.nan]
-    # one row (a panel per width, then the law's axis and the learning rates) up to two widths;
-    # more widths get a row of their own above the other two panels
-    ncols = len(widths) + 2 if len(widths) <= 2 else max(len(widths), 2)
-    nrows = 1 if len(widths) <= 2 else 2
-    fig, axes = new_figure(nrows, ncols, panel=(3.3, 3.0), legend=1.9)
-    for ax, width in zip(axes, widths):
-        part = selected if np.isnan(width) else selected[selected[WIDTH] == width]
-        sns.lineplot(part, x="value", y="accuracy", hue="model", hue_order=order, palette=colors,
-                     marker="o", errorbar=CI, seed=CI_SEED, legend=False, ax=ax)
-        if not predicted.empty:
-            pred = predicted if np.isnan(width) else predicted[predicted[WIDTH] == width]
-            sns.lineplot(pred, x="value", y=PREDICTED, hue="model", hue_order=order, palette=colors,
-                         ls="--", lw=1.0, errorbar=None, legend=False, ax=ax)
-        log2_axis(ax, part["value"])
-        ax.set(ylim=(-0.02, 1.02), xlabel="N  (stored pairs)", ylabel="recall accuracy (fraction)",
-               title="capacity at equal width" if np.isnan(width)
-               else f"capacity at equal width: d_model {width:g}")
-    first_free = len(widths) if nrows == 1 else ncols
-    for ax in axes[len(widths):first_free]:
-        ax.set_visible(False)
+    ref = reference_n(capacity_points(data), reference)
+    protocol = protocol_rows(selected)
+    extra_runs = selected[selected["train_n"] == ref] if np.isfinite(ref) else selected
+    order = label_order(selected)
+    colors, markers = label_styles(selected)
+    proto_pts = stats.summarize(protocol, ["label", WIDTH, "value"], "accuracy", count="count")
+    extra_pts = stats.summarize(extra_runs, ["label", WIDTH, "value"], "accuracy", count="count")
+    predicted = predicted_points(data, run_labels(extra_runs))
+    readout = readout_points(data, run_labels(extra_runs))
+    half = half_capacity_table(selected, predicted, readout, ref)
+    fits = family_fits(half)
 
-    law, heat = axes[first_free], axes[first_free + 1]
-    styles = None if len(widths) < 2 else WIDTH
-    sns.lineplot(selected, x="n_over_d", y="accuracy", hue="model", hue_order=order, palette=colors,
-                 style=styles, marker="o", errorbar=CI, seed=CI_SEED, legend=False, ax=law)
-    missing = _random_key_curve(law, selected)
-    law.axvline(1.0, color="0.6", lw=0.8, ls=":")
-    law.set_xscale("log", base=2)
-    law.set(ylim=(-0.02, 1.02), xlabel="N / d_key  (pairs per key dimension)",
-            ylabel="recall accuracy (fraction)", title="per key dimension (all widths)")
-    lr_heatmap(heat, per_lr, [WIDTH], order, title="every learning rate")
-    for ax in axes[first_free + 2:]:
-        ax.set_visible(False)
+    fig, axes = new_figure(2, 3, panel=(3.6, 3.1), legend=2.2)
+    proto_ax, extra_ax, state_ax, heat = axes[:4]
+    grid = axes[0].get_subplotspec().get_gridspec()
+    for ax in axes[4:]:
+        ax.remove()
+    tab_ax = fig.add_subplot(grid[1, 1:])  # the table takes the width of two panels
+    draw_estimates(proto_ax, proto_pts, "value", colors, markers, log_x=True)
+    log2_axis(proto_ax, proto_pts["value"])
+    proto_ax.set(ylim=(-0.02, 1.02), xlabel="N  (stored pairs; trained and tested at N)",
+                 ylabel="recall accuracy (fraction)", title="one model per N (Schlag's protocol)")
+    if protocol.empty:
+        note(proto_ax, "no run tested at its own training N (config.task.num_pairs)")
 
-    notes = [missing] if missing else []
-    if predicted.empty:
-        notes.append("no trained-statistics prediction in these results (acc_predicted_trained)")
-    if notes:
-        note(axes[0], "\n".join(notes))
-    extra = {"predicted from trained statistics": Line2D([], [], color="0.3", ls="--"),
-             "random keys, state of dim d_key": Line2D([], [], color="0.45", ls=":")}
-    if styles:
-        for width, dashes in zip(widths, ("", (4, 1.5), (1, 1), (3, 1, 1, 1))):
-            line = {"dashes": dashes} if dashes else {"ls": "-"}
-            extra[f"d_model {width:g} (N / d_key panel)"] = Line2D([], [], color="0.3", marker="o", **line)
-    legend_outside(fig, None, mixer_handles(colors) + list(extra.values()), list(colors) + list(extra))
-    fig.tables = {"capacity_per_lr": per_lr, "capacity_n50": half_capacity_table(selected, predicted)}
+    draw_estimates(extra_ax, extra_pts, "value", colors, markers, log_x=True)
+    if len(predicted):
+        mean_pred = predicted.groupby(["label", "value"], as_index=False)["predicted"].mean()
+        for lab in order:
+            part = mean_pred[mean_pred["label"] == lab].sort_values("value")
+            extra_ax.plot(part["value"], part["predicted"], color=colors[lab], ls="--", lw=1.0)
+    else:
+        note(extra_ax, f"no out-of-sample prediction in these results ({FROM_TRAIN})")
+    if np.isfinite(ref):
+        extra_ax.axvline(ref, color="0.5", lw=0.8, ls=":")
+    log2_axis(extra_ax, extra_pts["value"])
+    extra_ax.set(ylim=(-0.02, 1.02), xlabel="test N  (stored pairs)", ylabel="recall accuracy (fraction)",
+                 title=f"trained at N = {ref:g}, tested at every N" if np.isfinite(ref) else "tested at every N")
+
+    n_max = float(protocol["value"].max()) if len(protocol) else float(selected["value"].max())
+    fit_handles = _draw_break_points(state_ax, half, fits, colors, markers, n_max)
+    state_ax.set(xscale="log", yscale="log", xlabel="state per layer (elements)",
+                 ylabel="N at 50% accuracy (pairs, per-N protocol)", title="break point against state size")
+    plain_log_axes(state_ax)
+    if not np.isfinite(half["state_elements_per_layer"]).any():
+        note(state_ax, "no state size in these results (summary.state_elements_per_layer)")
+    elif half["n50_per_n"].isna().all():
+        note(state_ax, "no break point: every mixer starts below 50% at the smallest N")
+    lr_heatmap(heat, per_lr, [WIDTH, "train_n"], order, title="every learning rate (per training N)")
+    schlag = schlag_table(half, selected)
+    _draw_table(tab_ax, schlag)
+
+    extra = {"predicted out of sample (dashed)": Line2D([], [], color="0.3", ls="--"),
+             "holds past the largest N (lower bound)": Line2D([], [], color="0.3", marker="^", ls="",
+                                                              markerfacecolor="none")}
+    extra.update({label: handle for handle, label in fit_handles})
+    handles = [Line2D([], [], color=colors[lab], marker=markers[lab]) for lab in order]
+    legend_outside(fig, None, handles + list(extra.values()), order + list(extra))
+    caption(fig, "Capacity: one model per N, and the extrapolation from one N", proto_pts, extra_pts)
+    protocol_csv = proto_pts.rename(columns={"value": "num_pairs"})
+    extra_csv = extra_pts.rename(columns={"value": "test_num_pairs"}).assign(train_num_pairs=ref)
+    fig.tables = {"capacity_per_lr": per_lr, "capacity_n50": half, "capacity_schlag": schlag,
+                  "capacity_protocol": protocol_csv, "capacity_extrapolation": extra_csv,
+                  "capacity_families": fits,
+                  "capacity_ranking": stats.ranking(proto_pts, within=[WIDTH, "value"])}
     return fig

@@ -1,5 +1,9 @@
 """What every figure function shares: picking a table out of the results, skipping a figure
-whose data is absent (a printed warning, never an exception), and one look for all figures.
+whose data is absent (a printed warning, never an exception), one look for all figures, the
+learning rate chosen on validation (flagged at the grid's edge), each run under its label
+(analysis.plots.labels) in its mixer's colour, and each point drawn the one way the figures
+draw it: every seed a dot, the mean, the interval of analysis.stats only from five seeds, and
+a caption that says n and the method.
 
 Figures are built on ``matplotlib.figure.Figure`` directly, never through pyplot, so they
 draw the same under Agg, in a notebook, or in a test, and nothing holds them open.
@@ -9,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import textwrap
 
 import numpy as np
 import pandas as pd
@@ -16,18 +21,27 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
+from analysis import stats
 from analysis.loader import NoResultsError, load_all
+from analysis.plots.labels import MARKERS, label_runs, natural_key, shades
 
-# Fixed colours per mixer, so that a mixer looks the same in every figure.
-MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet", "gated_deltanet", "swa")
-_COLORS = sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)  # the project's ten, then spares
+# The reading order of the built-in mixers (softmax first, the kernel maps together); a mixer
+# keeps its colour in every figure. Colours are keyed by name, so a mixer added to the order
+# does not repaint the others.
+MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "dpfp", "retnet", "mamba", "deltanet",
+               "gated_deltanet", "swa")
+_BASE = sns.color_palette("colorblind", 10)
+_COLOR = dict(zip(("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet",
+                   "gated_deltanet", "swa"), _BASE))
+_COLOR["dpfp"] = (0.10, 0.36, 0.36)  # dark teal: apart from elu's green and swa's light blue
+_SPARE = sns.color_palette("dark", 10)  # outside mixers take these in turn
 
 SEED, LR, WIDTH = "config.seed", "config.trainer.lr", "config.model.d_model"
-CI = ("ci", 95)          # seaborn's 95% bootstrap interval over runs (seeds): errorbar=CI
-CI_SEED = 0              # its resampling seed, so that a figure redraws identically
-
+LR_EXTENDED = "lr_extended"  # a run whose rate the sweep added past its grid's edge
+# where a run may carry that flag: a top-level field of results.json, or its summary or config
+_LR_EXTENDED_COLUMNS = (LR_EXTENDED, f"summary.{LR_EXTENDED}", f"config.trainer.{LR_EXTENDED}")
 
 class MissingData(Exception):
     """A figure's data is absent: the figure is skipped rather than drawn half empty."""
@@ -93,6 +107,22 @@ def require(frame: pd.DataFrame, columns: list[str], what: str) -> pd.DataFrame:
     return rows.reset_index(drop=True)
 
 
+def setting_values(name) -> dict:
+    """The fields of an evaluation setting's name ("seq_len=1024,num_pairs=8": {"seq_len": 1024,
+    "num_pairs": 8}; harness.train.loop.setting_names writes them), numbers as numbers."""
+    out = {}
+    for part in str(name).split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            continue
+        try:
+            number = float(value)
+            out[key.strip()] = int(number) if number.is_integer() else number
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
 def retrieval_heads(rows: pd.DataFrame) -> pd.DataFrame:
     """Heads-table rows of each run's retrieval head (summary.retrieval_layer / _head), the
     head whose sharpness and SNR the run reports; every row of a run that names none.
@@ -106,7 +136,7 @@ def retrieval_heads(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "accuracy",
-                         val: str = "val_accuracy") -> tuple[pd.DataFrame, pd.DataFrame]:
+                         val: str = "val_accuracy", count: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per point, the rows (every seed) of the learning rate with the best mean validation score.
 
     rows: one row per run (or per run and slice) with the ``point`` columns, the learning rate
@@ -115,7 +145,10 @@ def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "a
     before the split existed) are chosen on ``test``, and the table says so.
 
     Returns (selected rows, per-lr table). The table has one row per point and learning rate:
-    the mean validation and test score, the number of runs, and ``chosen``.
+    the mean validation score, the test score's n, mean, seeds and interval (analysis.stats,
+    pooled by ``count`` where given), ``chosen``, ``lr_at_edge`` (the chosen rate is the
+    lowest or highest the point tried, so the optimum may lie beyond it; always so with one
+    rate) and ``lr_extended`` (a rate the sweep added past its grid).
     """
     rows = rows.copy()
     if LR not in rows.columns:
@@ -132,48 +165,49 @@ def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "a
     best = table.loc[score.groupby([table[c] for c in point], dropna=False).idxmax(), keys]
     table["chosen"] = table.set_index(keys).index.isin(best.set_index(keys).index)
     table["selected_on"] = np.where(unvalidated | (chosen_on != val), "test (no validation split)", "validation")
+    by_point = table.groupby(list(point), dropna=False)[LR]
+    lowest, highest = by_point.transform("min"), by_point.transform("max")
+    table["lr_at_edge"] = table["chosen"] & ((table[LR] == lowest) | (table[LR] == highest) | table[LR].isna())
+    flag = next((c for c in _LR_EXTENDED_COLUMNS if c in rows.columns), None)
+    if flag is not None:
+        extended = rows.groupby(keys, dropna=False)[flag].agg(lambda v: bool(v.fillna(False).astype(bool).any()))
+        table = table.merge(extended.rename(LR_EXTENDED).reset_index(), on=keys, how="left")
+    else:
+        table[LR_EXTENDED] = False
+    seeds = stats.summarize(rows, keys, test, count=count)
+    table = table.merge(seeds, on=keys, how="left")
     picked = rows.merge(best, on=keys, how="inner")
     return picked.reset_index(drop=True), table
 
 
-def interval(values, confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): the mean and its percentile bootstrap interval (scipy.stats.bootstrap);
-    the interval is the value itself when the values agree, NaN with fewer than two."""
-    from scipy import stats
-
-    x = np.asarray(pd.Series(values).dropna(), dtype=float)
-    if x.size == 0:
-        return (np.nan, np.nan, np.nan)
-    mean = float(x.mean())
-    if x.size < 2:
-        return (mean, np.nan, np.nan)
-    if np.ptp(x) == 0:
-        return (mean, mean, mean)
-    res = stats.bootstrap((x,), np.mean, confidence_level=confidence, method="percentile",
-                          n_resamples=2000, random_state=CI_SEED)
-    return (mean, float(res.confidence_interval.low), float(res.confidence_interval.high))
-
-
-def lr_heatmap(ax, table: pd.DataFrame, columns: list[str], order: list[str], *, title: str) -> None:
-    """Mean validation score per mixer (rows) and learning rate (columns, with ``columns``
-    before it), the chosen learning rates outlined: every learning rate's result kept."""
+def lr_heatmap(ax, table: pd.DataFrame, columns: list[str], order: list[str], *, title: str,
+               row: str = "label") -> None:
+    """Mean validation score per mixer (rows: ``row``, the run label) and learning rate (columns,
+    with ``columns`` before it): the chosen rates outlined in red, dashed where the chosen rate
+    sits at the edge of the rates tried (lr_at_edge). Every learning rate's result kept."""
+    row = row if row in table.columns else "model"
     cols = [c for c in columns if c in table.columns] + [LR]
-    grid = table.groupby(["model"] + cols, dropna=False)["val_score"].mean().unstack(cols)
+    grid = table.groupby([row] + cols, dropna=False)["val_score"].mean().unstack(cols)
     grid = grid.reindex([m for m in order if m in grid.index])
     labels = [", ".join(_short(c, v) for c, v in zip(cols, key if isinstance(key, tuple) else (key,)))
               for key in grid.columns]
     sns.heatmap(grid, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis", cbar=False,
                 annot_kws={"fontsize": "x-small"}, xticklabels=labels, ax=ax)
-    share = table.groupby(["model"] + cols, dropna=False)["chosen"].mean().unstack(cols)
+    share = table.groupby([row] + cols, dropna=False)["chosen"].mean().unstack(cols)
     share = share.reindex(grid.index)[grid.columns]
+    edge = table.groupby([row] + cols, dropna=False)["lr_at_edge"].any().unstack(cols) \
+        if "lr_at_edge" in table.columns else share * 0
+    edge = edge.reindex(grid.index)[grid.columns].fillna(False)
     for i in range(share.shape[0]):
         for j in range(share.shape[1]):
             if share.iat[i, j] > 0:  # chosen (for some of the points in this cell)
                 ax.add_patch(Rectangle((j + 0.04, i + 0.06), 0.92, 0.88, fill=False, edgecolor="red",
-                                       lw=0.6 + 1.6 * share.iat[i, j]))
+                                       lw=0.6 + 1.6 * share.iat[i, j], ls="--" if edge.iat[i, j] else "-"))
+            if edge.iat[i, j]:
+                ax.plot(j + 0.85, i + 0.2, marker=">", color="red", ms=3.5)
     on = table["selected_on"].iat[0] if "selected_on" in table.columns and len(table) else "validation"
-    ax.set(xlabel="learning rate (per setting)", ylabel="mixer (name)",
-           title=f"{title}\n(mean {on.split()[0][:3]}. accuracy; red: chosen)")
+    ax.set(xlabel="learning rate (per setting)", ylabel="mixer (run label)",
+           title=f"{title}\n(mean {on.split()[0][:3]}. accuracy; red: chosen,\ndashed with ▸: chosen at the grid's edge)")
     ax.tick_params(axis="x", labelrotation=45, labelsize="x-small")
     ax.tick_params(axis="y", labelrotation=0)
 
@@ -191,10 +225,103 @@ def mixer_order(names) -> list[str]:
 
 
 def palette(names) -> dict[str, tuple]:
-    """Colour per name: known mixers keep their colour everywhere; others take the rest in turn."""
-    spare = iter(_COLORS[len(MIXER_ORDER):] + _COLORS[: len(MIXER_ORDER)])
-    return {n: _COLORS[MIXER_ORDER.index(n)] if n in MIXER_ORDER else next(spare)
-            for n in mixer_order(names)}
+    """Colour per name: known mixers keep their colour everywhere; others take the spares in turn."""
+    spare = iter(_SPARE * 3)
+    return {n: _COLOR[n] if n in _COLOR else next(spare) for n in mixer_order(names)}
+
+
+# --- run labels: a mixer and its variants --------------------------------------------------
+
+def labelled(rows: pd.DataFrame, exclude=(WIDTH,)) -> pd.DataFrame:
+    """``rows`` with the run label (analysis.plots.labels) in a ``label`` column."""
+    return label_runs(rows, exclude)
+
+
+def label_order(rows: pd.DataFrame) -> list[str]:
+    """Labels in the mixers' reading order, a mixer's variants by their option values."""
+    pairs = rows[["model", "label"]].dropna().drop_duplicates()
+    rank = {m: i for i, m in enumerate(mixer_order(pairs["model"]))}
+    ordered = sorted(zip(pairs["model"], pairs["label"]), key=lambda ml: (rank[ml[0]], natural_key(ml[1])))
+    return list(dict.fromkeys(label for _, label in ordered))
+
+
+def label_styles(rows: pd.DataFrame) -> tuple[dict[str, tuple], dict[str, str]]:
+    """(colour, marker) per label: a mixer's colour for its runs, its variants in shades of that
+    colour with a marker each, so that "dpfp ν=1" and "dpfp ν=3" read as one family."""
+    order = label_order(rows)
+    base = palette(rows["model"].dropna())
+    model_of = dict(zip(rows["label"], rows["model"]))
+    colors, markers = {}, {}
+    for model in base:
+        own = [lab for lab in order if model_of.get(lab) == model]
+        for k, (lab, color) in enumerate(zip(own, shades(base[model], len(own)))):
+            colors[lab], markers[lab] = color, MARKERS[k % len(MARKERS)]
+    return {lab: colors[lab] for lab in order}, {lab: markers[lab] for lab in order}
+
+
+# --- drawing the seeds, the mean and the interval ------------------------------------------
+
+def draw_estimates(ax, summary: pd.DataFrame, x: str, colors: dict, markers: dict | None = None, *,
+                   key: str = "label", ls="-", lw: float = 1.4, log_x: bool = False, spread: float = 0.06,
+                   connect: bool = True) -> None:
+    """One line per ``key`` through its points' means (analysis.stats.summarize rows), each
+    seed's value as a small dot beside the point, and the interval as error bars only where the
+    point has one (n >= MIN_SEEDS)."""
+    markers = markers or {}
+    for lab in colors:
+        grp = summary[summary[key] == lab].sort_values(x)
+        if grp.empty:
+            continue
+        color, marker = colors[lab], markers.get(lab, "o")
+        xs = grp[x].to_numpy(float)
+        seeds = grp[[c for c in grp.columns if str(c).startswith("seed_")]].to_numpy(float)  # (points, seeds)
+        if seeds.size:
+            offsets = np.linspace(-spread, spread, seeds.shape[1]) if seeds.shape[1] > 1 else np.zeros(1)
+            at = xs[:, None] * np.exp(offsets) if log_x else xs[:, None] + offsets * (np.ptp(xs) or 1.0)
+            keep = np.isfinite(seeds)
+            ax.scatter(at[keep], seeds[keep], s=7, color=color, alpha=0.45, marker=marker, linewidths=0, zorder=2)
+        ax.plot(xs, grp["mean"], color=color, marker=marker, ms=4, lw=lw if connect else 0,
+                ls=ls if connect else "", label=lab, zorder=3)
+        have = grp[np.isfinite(grp["low"].astype(float))]
+        if len(have):
+            ax.errorbar(have[x].astype(float), have["mean"], yerr=[have["mean"] - have["low"], have["high"] - have["mean"]],
+                        fmt="none", ecolor=color, elinewidth=1.0, capsize=2.5, zorder=3)
+
+
+def draw_bars(ax, summary: pd.DataFrame, order: list[str], colors: dict, *, key: str = "label",
+              offset: float = 0.0, width: float = 0.8, color_of=None, label: str | None = None) -> None:
+    """A bar per ``key`` at its mean, each seed as a dot on it, the interval where n >= MIN_SEEDS;
+    categories in ``order`` along x (``offset``/``width``: bars side by side for a hue)."""
+    rng = np.random.default_rng(0)  # a fixed jitter: the figure redraws identically
+    for i, lab in enumerate(order):
+        point = summary[summary[key] == lab]
+        if point.empty:
+            continue
+        point = point.iloc[0]
+        color = color_of(lab) if color_of else colors[lab]
+        ax.bar(i + offset, point["mean"], width=width, color=color, alpha=0.55, edgecolor=color,
+               label=label if i == 0 else None)
+        values = stats.seed_values(point)
+        ax.scatter(i + offset + rng.uniform(-width / 4, width / 4, values.size), values, s=9,
+                   color=colors[lab] if not color_of else "0.15", zorder=3, linewidths=0)
+        if np.isfinite(point["low"]):
+            ax.errorbar(i + offset, point["mean"], yerr=[[point["mean"] - point["low"]], [point["high"] - point["mean"]]],
+                        fmt="none", ecolor="0.1", elinewidth=1.0, capsize=3, zorder=4)
+    ax.set_xticks(range(len(order)), order)
+
+
+def caption(fig: Figure, title: str, *summaries: pd.DataFrame, extra: str = "", legend: float = 2.6) -> str:
+    """Set the figure's title, left-aligned, with the lines that say what its points are: n per
+    point and the interval's method (analysis.stats.caption), then ``extra`` (what each axis is
+    computed from); returns them (also ``fig.caption``). ``legend``: the inches on the right
+    the figure legend takes, which the text stays clear of."""
+    parts = [s for s in summaries if s is not None and len(s)]
+    line = stats.caption(pd.concat(parts, ignore_index=True) if parts else None)
+    text = f"{line}. {extra[:1].upper()}{extra[1:]}" if extra else line
+    width = max(50, int(12 * (fig.get_figwidth() - legend)))  # characters of 'small' text per line
+    fig.suptitle("\n".join([title, *textwrap.wrap(text, width)]), x=0.01, ha="left", fontsize="small")
+    fig.caption = text
+    return text
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(4.2, 3.2), legend: float = 0.0,
@@ -213,6 +340,15 @@ def log2_axis(ax, values) -> None:
     if 1 < len(ticks) <= 12:
         ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
         ax.xaxis.set_minor_locator(NullLocator())
+
+
+def plain_log_axes(ax, which: str = "xy") -> None:
+    """Log axes labelled with plain numbers at 1, 2 and 5 per decade (20, 50, 100; not 2 x 10^1)."""
+    for name in which:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
 
 
 def note(ax, text: str, loc: str = "lower left") -> None:
@@ -235,9 +371,11 @@ def legend_outside(fig: Figure, ax=None, extra_handles=(), extra_labels=()) -> N
                loc="outside right upper", fontsize="small", frameon=False)
 
 
-def mixer_handles(colors: dict, marker: str = "o") -> list[Line2D]:
-    """Legend entries for every mixer in ``colors``, whether or not a given panel shows it."""
-    return [Line2D([], [], color=c, marker=marker) for c in colors.values()]
+def mixer_handles(colors: dict, marker: str | dict = "o") -> list[Line2D]:
+    """Legend entries for every mixer (or label) in ``colors``, whether or not a given panel
+    shows it; ``marker``: one for all, or one per key (label_styles)."""
+    return [Line2D([], [], color=c, marker=marker.get(k, "o") if isinstance(marker, dict) else marker)
+            for k, c in colors.items()]
 
 
 def loglog_slope(x, y) -> float:

@@ -11,7 +11,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.plots.common import (figure, legend_outside, log2_axis, loglog_slope, new_figure, note,
+from analysis.plots.common import (figure, legend_outside, log2_axis, loglog_slope, new_figure,
                                    palette, require, table)
 from analysis.plots.reference import favor_features, state_sizes
 

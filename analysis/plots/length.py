@@ -5,6 +5,8 @@ Theory in each mixer's colour, dashed: harness.measure.theory.predicted_length_a
 state of the run's key dimension, its decay (the measured mean log decay per step of a decay
 mixer's retrieval head; none for the additive states) and, in the distractor layout, every
 random filler token counted as a crosstalk write. One panel per filler layout in the sweep.
+Each seed a dot (its accuracy pooled over the N tested at that length), the mean a line, an
+interval only from five seeds (analysis.stats).
 """
 from __future__ import annotations
 
@@ -12,12 +14,12 @@ import math
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.plots.common import (figure, legend_outside, log2_axis, mixer_handles, mixer_order,
-                                   new_figure, note, palette, require, table)
+from analysis import stats
+from analysis.plots.common import (caption, draw_estimates, figure, label_styles, labelled, legend_outside, log2_axis,
+                                   mixer_handles, new_figure, note, require, table)
 from analysis.plots.reference import length_accuracy_curve
 
 TRAIN_LEN, FILLER = "config.task.seq_len", "config.task.filler"
@@ -33,7 +35,13 @@ def length_points(data: pd.DataFrame) -> pd.DataFrame:
     rows = require(rows, ["model", "seq_len", "accuracy"], "recall accuracy by length (slices with seq_len)")
     if FILLER not in rows.columns:
         rows = rows.assign(**{FILLER: "zero"})
-    return rows.assign(**{FILLER: rows[FILLER].fillna("zero")})
+    return labelled(rows.assign(**{FILLER: rows[FILLER].fillna("zero")}))
+
+
+def length_table(points: pd.DataFrame) -> pd.DataFrame:
+    """Per filler layout, mixer and evaluation length: n, mean, interval and seeds (analysis.stats)."""
+    count = "count" if "count" in points.columns and points["count"].notna().all() else None
+    return stats.summarize(points, [FILLER, "label", "seq_len"], "accuracy", count=count)
 
 
 def _value(run: pd.Series, name: str, default=math.nan):
@@ -42,12 +50,14 @@ def _value(run: pd.Series, name: str, default=math.nan):
 
 
 def theory_lines(points: pd.DataFrame, lengths: np.ndarray) -> tuple[dict, str | None]:
-    """{(filler, model): predicted accuracy at `lengths`} for every non-softmax mixer whose runs
+    """{(filler, label): predicted accuracy at `lengths`} for every non-softmax mixer whose runs
     carry what the theory needs, and a note when some could not be drawn."""
     lines, missing = {}, None
-    first = points.drop_duplicates("run_dir") if "run_dir" in points.columns else points.drop_duplicates("model")
+    if "label" not in points.columns:
+        points = points.assign(label=points["model"])
+    first = points.drop_duplicates("run_dir") if "run_dir" in points.columns else points.drop_duplicates("label")
     for _, run in first.iterrows():
-        key = (run[FILLER], run["model"])
+        key = (run[FILLER], run["label"])
         if run["model"] == "softmax" or key in lines:  # no fixed-size state: the law does not apply
             continue
         d_key, vocab = _value(run, "summary.d_key"), _value(run, "config.task.vocab_size")
@@ -67,22 +77,21 @@ def theory_lines(points: pd.DataFrame, lengths: np.ndarray) -> tuple[dict, str |
 
 @figure("length")
 def length_figure(data) -> Figure:
-    """Accuracy against evaluation length per mixer (mean and s.e. over runs), the training length
-    dotted, predicted accuracy dashed; a panel per filler layout."""
+    """Accuracy against evaluation length per mixer (each seed, mean, interval), the training
+    length dotted, predicted accuracy dashed; a panel per filler layout."""
     pts = length_points(data)
-    order = mixer_order(pts["model"])
-    colors = palette(order)
+    colors, markers = label_styles(pts)
+    summary = length_table(pts)
     layouts = sorted(pts[FILLER].unique(), key=lambda f: (f != "zero", f))
     fig, axes = new_figure(1, len(layouts), panel=(4.4, 3.4), legend=2.0, sharey=True)
-    lengths = np.unique(np.geomspace(pts["seq_len"].min(), pts["seq_len"].max(), 12).round())
+    lengths = np.unique(pts["seq_len"].to_numpy(float))  # theory at each evaluated length (each costs integrations)
     lines, missing = theory_lines(pts, lengths)
     for ax, layout in zip(axes, layouts):
         part = pts[pts[FILLER] == layout]
-        sns.lineplot(part, x="seq_len", y="accuracy", hue="model", hue_order=order, palette=colors,
-                     marker="o", errorbar="se", ax=ax)
-        for (fill, model), curve in lines.items():
+        draw_estimates(ax, summary[summary[FILLER] == layout], "seq_len", colors, markers, log_x=True)
+        for (fill, label), curve in lines.items():
             if fill == layout:
-                ax.plot(lengths, curve, ls="--", lw=1.0, color=colors[model])
+                ax.plot(lengths, curve, ls="--", lw=1.0, color=colors[label])
         if TRAIN_LEN in part.columns:
             for trained in sorted(part[TRAIN_LEN].dropna().unique()):
                 ax.axvline(trained, color="0.4", lw=0.9, ls=":")
@@ -96,5 +105,7 @@ def length_figure(data) -> Figure:
             note(ax, missing)
     extra = {"theory: predicted accuracy": Line2D([], [], color="0.3", ls="--"),
              "training length": Line2D([], [], color="0.4", ls=":")}
-    legend_outside(fig, None, mixer_handles(colors) + list(extra.values()), list(colors) + list(extra))
+    legend_outside(fig, None, mixer_handles(colors, markers) + list(extra.values()), list(colors) + list(extra))
+    caption(fig, "Recall against context length", summary, legend=2.0)
+    fig.tables = {"length": summary}
     return fig

@@ -1,8 +1,12 @@
-"""MQAR: recall accuracy against model width per (sequence length, pairs), with intervals.
+"""MQAR: recall accuracy against model width per (sequence length, pairs), Zoology's Figure 2.
 
-The layout of Zoology's Figure 2. Each point is the test accuracy at the learning rate chosen
-per point (mixer, width, seq_len, pairs) on the validation split, mean and 95% bootstrap
-interval over seeds (seaborn); the last panel keeps every learning rate's result.
+Each run is trained and tested at one (seq_len, pairs) (Zoology's (64, 4), (128, 8), (256, 16)
+in the experiment file, mixer-only blocks, a vocabulary of 8,192). Each point is the test
+accuracy at the learning rate chosen per point (mixer, width, seq_len, pairs) on the validation
+split: each seed drawn, the mean, an interval only from five seeds (analysis.stats). The last
+panel keeps every learning rate's result, the chosen rate marked where it sits at the edge of
+the rates tried; a rate the sweep added past its grid's edge is `lr_extended` in the table.
+Whether accuracy falls with width is a paired t-test across seeds (`mqar_width_trend.csv`).
 """
 from __future__ import annotations
 
@@ -10,19 +14,20 @@ import math
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
-from analysis.plots.common import (CI, CI_SEED, LR, WIDTH, figure, interval, legend_outside, log2_axis,
-                                   lr_heatmap, mixer_handles, mixer_order, new_figure, palette, require,
+from analysis import stats
+from analysis.plots.common import (LR, WIDTH, caption, draw_estimates, figure, label_order, label_styles, labelled,
+                                   legend_outside, log2_axis, lr_heatmap, mixer_handles, new_figure, require,
                                    select_on_validation, table)
 
-POINT = ["model", WIDTH, "seq_len", "pairs"]
+POINT = ["label", WIDTH, "seq_len", "pairs"]
+ALPHA = 0.05  # the paired test's level for calling a trend
 
 
 def mqar_points(data: pd.DataFrame) -> pd.DataFrame:
-    """Recall accuracy per run and (seq_len, pairs): from slices by num_pairs (the test
-    settings), else from the run summary with the run's task.seq_len and task.num_pairs."""
+    """Recall accuracy per run and (seq_len, pairs), labelled: from slices by num_pairs (the
+    test settings), else from the run summary with the run's task.seq_len and task.num_pairs."""
     slices = table(data, "slices", primary=True)
     if {"slice", "value", "seq_len", "accuracy"} <= set(slices.columns):
         pts = slices[slices["slice"] == "num_pairs"].rename(columns={"value": "pairs"})
@@ -34,56 +39,80 @@ def mqar_points(data: pd.DataFrame) -> pd.DataFrame:
         pts = pts[pts["task"] == "recall"]
     if LR not in pts.columns:
         pts = pts.assign(**{LR: float("nan")})
-    return require(pts, ["model", WIDTH, "seq_len", "pairs", "accuracy"],
-                   "recall accuracy with config model.d_model and (seq_len, num_pairs)")
+    pts = require(pts, ["model", WIDTH, "seq_len", "pairs", "accuracy"],
+                  "recall accuracy with config model.d_model and (seq_len, num_pairs)")
+    return labelled(pts)
+
+
+def _count(points: pd.DataFrame) -> str | None:
+    return "count" if "count" in points.columns and points["count"].notna().all() else None
 
 
 def best_over_lr(points: pd.DataFrame) -> pd.DataFrame:
     """Per point, the mean over seeds at the learning rate chosen on validation (`best_lr`)."""
-    picked, _ = select_on_validation(points, POINT)
+    picked, _ = select_on_validation(points, POINT, count=_count(points))
     best = picked.groupby(POINT + [LR], dropna=False)["accuracy"].mean().reset_index()
     return best.rename(columns={LR: "best_lr"})
 
 
 def width_trend(picked: pd.DataFrame) -> pd.DataFrame:
-    """Per mixer and (seq_len, pairs): each width's mean and 95% bootstrap interval over seeds
-    (scipy.stats.bootstrap), and whether the mean at a wider model falls below the interval
-    of a narrower one (`loses_with_width`: a training pathology, not capacity)."""
+    """Per mixer, (seq_len, pairs) and width: the point's n, mean, interval and seeds, and a
+    paired t-test across seeds against the next narrower width (`vs_width`, `diff` = wider -
+    narrower, `p_value`). `loses_with_width` / `gains_with_width`: the difference is significant
+    at ALPHA (a loss with width is a training pathology, not capacity)."""
+    summary = stats.summarize(picked, ["label", "seq_len", "pairs", WIDTH], "accuracy", count=_count(picked))
+    per_seed = stats.per_seed(picked, ["label", "seq_len", "pairs", WIDTH], "accuracy", count=_count(picked))
     rows = []
-    for (model, seq_len, pairs), grp in picked.groupby(["model", "seq_len", "pairs"]):
-        stats_by_width = [(w, *interval(g["accuracy"])) for w, g in sorted(grp.groupby(WIDTH))]
-        for i, (w, mean, lo, hi) in enumerate(stats_by_width):
-            narrower = stats_by_width[:i]
-            floor = max((l if np.isfinite(l) else m for _, m, l, _ in narrower), default=-np.inf)
-            rows.append({"model": model, "seq_len": seq_len, "pairs": pairs, WIDTH: w, "mean": mean,
-                         "low": lo, "high": hi, "loses_with_width": bool(hi < floor) if np.isfinite(hi)
-                         else bool(mean < floor)})
-    return pd.DataFrame(rows)
+    for _, point in summary.iterrows():
+        same = (per_seed["label"] == point["label"]) & (per_seed["seq_len"] == point["seq_len"]) \
+            & (per_seed["pairs"] == point["pairs"])
+        narrower = sorted(w for w in per_seed.loc[same, WIDTH].unique() if w < point[WIDTH])
+        test = {"vs_width": math.nan, "n_paired": 0, "diff": math.nan, "statistic": math.nan,
+                "p_value": math.nan, "test": stats.PAIRED_TEST}
+        if narrower:
+            by_seed = per_seed[same].set_index(stats.SEED)
+            a = by_seed.loc[by_seed[WIDTH] == narrower[-1], "accuracy"]
+            b = by_seed.loc[by_seed[WIDTH] == point[WIDTH], "accuracy"]
+            test = {"vs_width": narrower[-1], **stats.paired_test(a, b)}
+        significant = np.isfinite(test["p_value"]) and test["p_value"] < ALPHA
+        rows.append({**point.to_dict(), **test, "loses_with_width": bool(significant and test["diff"] < 0),
+                     "gains_with_width": bool(significant and test["diff"] > 0)})
+    out = pd.DataFrame(rows)
+    seeds = [c for c in out.columns if str(c).startswith("seed_")]
+    return out[[c for c in out.columns if c not in seeds] + seeds] if len(out) else out
 
 
 @figure("mqar")
 def mqar_figure(data) -> Figure:
     """One panel per (seq_len, pairs): accuracy against d_model per mixer; then every lr."""
     points = mqar_points(data)
-    picked, per_lr = select_on_validation(points, POINT)
-    order = mixer_order(picked["model"])
-    colors = palette(order)
+    picked, per_lr = select_on_validation(points, POINT, count=_count(points))
+    order = label_order(picked)
+    colors, markers = label_styles(picked)
     panels = sorted(picked.groupby(["seq_len", "pairs"]).groups)
-    ncols = min(4, len(panels) + 1)
-    nrows = math.ceil((len(panels) + 1) / ncols)
-    fig, axes = new_figure(nrows, ncols, panel=(3.2, 2.8), legend=1.0)
+    ncols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / ncols) + 1  # the learning rates take the last row, whole
+    fig, axes = new_figure(nrows, ncols, panel=(3.4, 2.9), legend=1.4)
+    summaries = []
     for ax, (seq_len, pairs) in zip(axes, panels):
         part = picked[(picked["seq_len"] == seq_len) & (picked["pairs"] == pairs)]
-        sns.lineplot(part, x=WIDTH, y="accuracy", hue="model", hue_order=order, palette=colors,
-                     marker="o", errorbar=CI, seed=CI_SEED, err_style="bars", legend=False, ax=ax)
+        summary = stats.summarize(part, ["label", WIDTH], "accuracy", count=_count(part))
+        summaries.append(summary)
+        draw_estimates(ax, summary, WIDTH, colors, markers, log_x=True)
         log2_axis(ax, picked[WIDTH])
         ax.set(ylim=(-0.02, 1.02), title=f"seq_len {seq_len:g}, {pairs:g} pairs",
                xlabel="model width d_model (units)", ylabel="recall accuracy (fraction)")
-    heat = axes[len(panels)]
+    grid = axes[0].get_subplotspec().get_gridspec()
+    for ax in axes[len(panels):]:
+        ax.remove()
+    heat = fig.add_subplot(grid[-1, :])
     lr_heatmap(heat, per_lr, [WIDTH, "seq_len"], order, title="every learning rate")
-    for ax in axes[len(panels) + 1:]:
-        ax.set_visible(False)
-    legend_outside(fig, None, mixer_handles(colors), list(colors))
-    fig.suptitle("MQAR: accuracy against width (lr chosen on validation; 95% bootstrap interval over seeds)")
-    fig.tables = {"mqar_per_lr": per_lr, "mqar_width_trend": width_trend(picked)}
+    legend_outside(fig, None, mixer_handles(colors, markers), list(colors))
+    trend = width_trend(picked)
+    caption(fig, "MQAR: accuracy against width (learning rate chosen per point on validation)", *summaries,
+            extra="a trend with width is called by a paired t-test across seeds (mqar_width_trend.csv)", legend=1.4)
+    points_table = pd.concat([t.assign(seq_len=sl, pairs=pr) for t, (sl, pr) in zip(summaries, panels)],
+                             ignore_index=True)
+    fig.tables = {"mqar_per_lr": per_lr, "mqar_width_trend": trend,
+                  "mqar_ranking": stats.ranking(points_table, within=["seq_len", "pairs", WIDTH])}
     return fig

@@ -1,6 +1,10 @@
 """Theory drawn over the data: harness.measure.theory (predicted SNR and accuracy) and
-harness.ops (state accounting), the same functions the runs themselves report with."""
+harness.ops (state accounting), the same functions the runs themselves report with; and the
+anchors' published numbers the figures are laid beside (Schlag et al.'s break points)."""
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,9 +50,53 @@ def length_accuracy_curve(lengths, *, num_pairs: int, d_key: float, value_dim: i
                           num_queries: int | None = None, power_a: float = 0.01) -> np.ndarray:
     """Predicted recall accuracy of the recall task against length, N fixed
     (theory.predicted_length_accuracy): an additive state of key dimension d_key, writes
-    weighted by a constant per-step decay, distractor writes counted as crosstalk pairs."""
+    weighted by a constant per-step decay, distractor writes counted as crosstalk pairs.
+    Curves are kept per argument set: at 16k tokens one costs seconds of integration, and a
+    figure redrawn (a notebook, the figures command) asks for the same ones again."""
+    return np.array(_length_curve(tuple(float(t) for t in np.atleast_1d(lengths)), int(num_pairs), float(d_key),
+                                  int(value_dim), int(candidates), float(log_decay), float(distractor_rate),
+                                  None if num_queries is None else int(num_queries), float(power_a)))
+
+
+@functools.lru_cache(maxsize=256)
+def _length_curve(lengths: tuple, num_pairs: int, d_key: float, value_dim: int, candidates: int,
+                  log_decay: float, distractor_rate: float, num_queries: int | None, power_a: float) -> tuple:
     acc = theory.predicted_length_accuracy(
-        np.asarray(lengths), int(num_pairs), float(d_key), int(value_dim), int(candidates),
-        log_decay=float(log_decay), distractor_rate=float(distractor_rate),
-        num_queries=None if num_queries is None else int(num_queries), power_a=float(power_a))
-    return np.asarray(acc, dtype=float)
+        np.asarray(lengths), num_pairs, d_key, value_dim, candidates, log_decay=log_decay,
+        distractor_rate=distractor_rate, num_queries=num_queries, power_a=power_a)
+    return tuple(np.asarray(acc, dtype=float).tolist())
+
+
+# --- the anchors' own numbers ---------------------------------------------------------------
+
+# Schlag, Irie & Schmidhuber (2021), "Linear Transformers Are Secretly Fast Weight Programmers",
+# the capacity experiment: one model trained per number of stored keys, at d_key = 64; the
+# number of keys at which each feature map's retrieval breaks down.
+SCHLAG_D_KEY = 64
+
+
+@dataclass(frozen=True)
+class BreakPoint:
+    name: str                  # the row as the paper names it
+    model: str                 # the harness mixer it corresponds to
+    options: dict              # model.* options that row fixes (dpfp_nu), beyond the name
+    low: float | None          # keys at d_key = 64 (None: the paper gives no number)
+    high: float | None
+    note: str
+
+    def scaled(self, d_key: float) -> tuple[float, float] | None:
+        """(low, high) at another key dimension, in proportion (x d_key / 64); None without a number."""
+        if self.low is None:
+            return None
+        f = float(d_key) / SCHLAG_D_KEY
+        return self.low * f, self.high * f
+
+
+SCHLAG_BREAKS = (
+    BreakPoint("softmax", "softmax", {}, 500, 500, "holds to about 500"),
+    BreakPoint("linear attention, elu+1", "elu", {}, 60, 80, "breaks at 60-80"),
+    BreakPoint("DPFP ν=1", "dpfp", {"dpfp_nu": 1}, 120, 120, "about 120"),
+    BreakPoint("DPFP ν=2", "dpfp", {"dpfp_nu": 2}, 280, 280, "about 280"),
+    BreakPoint("DPFP ν=3", "dpfp", {"dpfp_nu": 3}, 400, 400, "about 400"),
+    BreakPoint("FAVOR+", "favor", {}, None, None, "fails earliest of the maps, at every feature count"),
+)

@@ -3,19 +3,21 @@
 Softmax can put almost all weight on one key; a bounded positive feature map smears it
 (Hedgehog's ordering: softmax sharpest and most monotone in q.k, elu+1 and FAVOR+ smeared,
 Taylor between). Read from the heads table (one row per layer, head and slice), else from run
-summaries; the bars follow each run's retrieval head (mean and 95% bootstrap interval over
-seeds), the dots show every head. Runs are those of the learning rate chosen per mixer on the
-validation split (summary.val_accuracy); the last panel keeps every learning rate's result.
+summaries. Each run contributes one value per measurement, its retrieval head's mean over the
+slices; the bars are the mean over seeds, each seed a dot, the interval only from five seeds
+(analysis.stats). Runs are those of the learning rate chosen per mixer on the validation split
+(summary.val_accuracy); the last panel keeps every learning rate's result. Two mixers are
+ranked (`sharpness_ranking.csv`) only where their intervals separate.
 """
 from __future__ import annotations
 
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
-from analysis.plots.common import (CI, CI_SEED, LR, MissingData, figure, legend_outside, log2_axis, lr_heatmap,
-                                   mixer_order, new_figure, palette, retrieval_heads, select_on_validation,
-                                   table)
+from analysis import stats
+from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_estimates, figure, label_order,
+                                   label_styles, labelled, legend_outside, log2_axis, lr_heatmap, mixer_handles,
+                                   new_figure, retrieval_heads, select_on_validation, table)
 
 # (column, axis label), the first column present wins for each panel.
 ENTROPY = (("norm_entropy", "entropy H / log(prefix)  (1 = uniform)"),
@@ -46,51 +48,56 @@ def _metric(rows: pd.DataFrame, choices) -> tuple[str, str] | None:
 
 @figure("sharpness")
 def sharpness_figure(data) -> Figure:
-    """Entropy and weight on the correct key per mixer, and the weight on the correct key
-    against the slice variable (N or distance) when the heads cover several values."""
-    rows = sharpness_rows(data)
-    runs = table(data, "runs")
+    """Entropy, weight on the correct key and monotonicity per mixer (each seed, mean, interval),
+    and the weight on the correct key against the slice variable (N or distance) when the heads
+    cover several values."""
+    rows = labelled(sharpness_rows(data))
+    runs = labelled(table(data, "runs"))
     per_lr = pd.DataFrame()
     if {"run_dir", "model", "summary.accuracy"} <= set(runs.columns) and "run_dir" in rows.columns:
-        chosen, per_lr = select_on_validation(runs, ["model"], test="summary.accuracy",
+        chosen, per_lr = select_on_validation(runs, ["label"], test="summary.accuracy",
                                               val="summary.val_accuracy")
         rows = rows[rows["run_dir"].isin(set(chosen["run_dir"]))]
     metrics = [m for m in (_metric(rows, ENTROPY), _metric(rows, TARGET), _metric(rows, MONOTONE)) if m]
     if not metrics:
         raise MissingData("sharpness rows hold neither entropy nor target_weight")
-    order = mixer_order(rows["model"])
-    colors = palette(order)
+    order = label_order(rows)
+    colors, markers = label_styles(rows)
     focus = retrieval_heads(rows)
     by_value = ("value" in focus.columns and focus["value"].nunique() > 1
                 and _metric(focus, TARGET) is not None)
     with_lr = not per_lr.empty and per_lr[LR].notna().any()  # runs that name their learning rate
     fig, axes = new_figure(1, len(metrics) + by_value + with_lr, panel=(3.2, 3.2),
-                           legend=1.0 if by_value else 0.0)
+                           legend=1.4 if by_value else 0.0)
 
+    summaries = []
     for ax, (column, label) in zip(axes, metrics):
-        sns.barplot(focus, x="model", y=column, hue="model", order=order, hue_order=order,
-                    palette=colors, errorbar=CI, seed=CI_SEED, alpha=0.6, legend=False, ax=ax)
-        sns.stripplot(rows, x="model", y=column, hue="model", order=order, hue_order=order,
-                      palette=colors, size=3, jitter=0.15, legend=False, ax=ax)
+        summary = stats.summarize(focus, ["label"], column)
+        summaries.append(summary.assign(metric=column))
+        draw_bars(ax, summary, order, colors)
         ax.set(xlabel="mixer", ylabel=label)
         ax.tick_params(axis="x", labelrotation=30)
         if column in ("norm_entropy", "target_weight"):
             ax.set_ylim(0, 1.05)
     which = "retrieval head" if len(focus) < len(rows) else "all heads"
-    fig.suptitle(f"Attention sharpness per mixer\n(bars: {which}, mean and 95% bootstrap interval "
-                 "over seeds; dots: every head)")
+    per_metric = pd.concat(summaries, ignore_index=True)
+    caption(fig, f"Attention sharpness per mixer (bars: {which}, mean over seeds; dots: each seed)", per_metric,
+            legend=1.4 if by_value else 0.0)
     if with_lr:
         lr_heatmap(axes[len(metrics) + by_value], per_lr, [], order, title="every learning rate")
-    fig.tables = {"sharpness_per_lr": per_lr}
+    ranking = pd.concat([stats.ranking(s).assign(metric=s["metric"].iat[0]) for s in summaries if len(s) > 1],
+                        ignore_index=True) if any(len(s) > 1 for s in summaries) else pd.DataFrame()
+    metric_first = ["metric"] + [c for c in per_metric.columns if c != "metric"]
+    fig.tables = {"sharpness_per_lr": per_lr, "sharpness": per_metric[metric_first], "sharpness_ranking": ranking}
 
     if by_value:
         ax = axes[len(metrics)]
         slice_name = focus["slice"].mode().iat[0] if "slice" in focus.columns else None
         part = focus[focus["slice"] == slice_name] if slice_name else focus
-        sns.lineplot(part, x="value", y="target_weight", hue="model", hue_order=order,
-                     palette=colors, marker="o", errorbar=CI, seed=CI_SEED, ax=ax)
+        summary = stats.summarize(part, ["label", "value"], "target_weight")
+        draw_estimates(ax, summary, "value", colors, markers, log_x=True)
         log2_axis(ax, part["value"])
         ax.set(ylim=(0, 1.05), xlabel=SLICE_LABELS.get(slice_name, str(slice_name)),
                ylabel="weight on answer span (fraction)", title=which)
-        legend_outside(fig, ax)
+        legend_outside(fig, None, mixer_handles(colors, markers), list(colors))
     return fig

@@ -1,13 +1,17 @@
-"""SNR: measured against predicted, log-log, the untrained probe (hollow) beside trained runs
-(filled), with the slope fitted per mixer and source.
+"""SNR: the crosstalk law on the untrained probe, and the trained law out of sample.
 
-Left, the law with the state's nominal key dimension: sqrt(d/N) for the probe's random keys,
-sqrt(d_key / N_eff) for a trained run's retrieval head. Right, the law with the kernel's own
-statistics: the probe's kernel dimension (theory.kernel_effective_dim, `snr_kernel`) and the
-trained model's measured d_kernel (harness.measure.trained_theory, `snr_predicted_trained`).
-The law holds where the points lie on the diagonal. Trained points come from the capacity
-sweep's runs at the learning rate chosen on validation (harness trained heads rows, one per
-run and N), or from run summaries where a run has no heads table.
+Left, log-log: measured SNR against sqrt(d/N), the untrained probe's random keys (hollow) and
+the trained runs' retrieval heads at the state's nominal key dimension, sqrt(d_key / N_eff)
+(filled), with the slope fitted per mixer and source; the law holds on the diagonal.
+
+Right: what the trained law predicts before it sees a setting. Each run's kernel statistics
+(d_kernel, the value codebook, the decay's N_eff per written pair) are measured once at its
+training setting, on validation data (harness.measure.trained_theory's predictive mode), and
+predict the top-1 accuracy at every other tested N through harness.measure.theory
+(``acc_predicted_from_train`` of each settings row): x is that prediction, y the test
+accuracy measured at the same setting. Only settings other than the training one are drawn:
+at the training setting the statistics have seen the answer. Trained runs come from the
+capacity sweep, at the learning rate chosen on validation there (analysis.plots.capacity).
 """
 from __future__ import annotations
 
@@ -16,60 +20,48 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.plots.common import (MissingData, WIDTH, figure, legend_outside, loglog_slope, mixer_order,
-                                   new_figure, palette, retrieval_heads, select_on_validation, table)
+from analysis import stats
+from analysis.plots.capacity import capacity_selected
+from analysis.plots.common import (MissingData, WIDTH, caption, figure, label_order, label_styles, labelled,
+                                   legend_outside, loglog_slope, new_figure, note, palette, retrieval_heads,
+                                   setting_values, table)
 
-SOURCES = {"untrained probe": "o", "trained": "o"}
 FILLED = {"untrained probe": False, "trained": True}
-PANELS = {"nominal": "predicted SNR, nominal key dimension (ratio)",
-          "own": "predicted SNR from the mixer's own kernel statistics (ratio)"}
-_COLUMNS = ["model", "source", "panel", "snr_predicted", "snr_measured"]
+_COLUMNS = ["model", "label", "source", "snr_predicted", "snr_measured"]
+FROM_TRAIN = "acc_predicted_from_train"
 
 
 def _selected_runs(data: pd.DataFrame) -> set | None:
-    """run_dirs of the trained runs at the learning rate chosen on validation per (mixer,
-    width), as the capacity figure chooses (each N is an evaluation of the same models); None
-    when the runs carry no slices to choose on."""
-    slices = table(data, "slices")
-    if slices.empty or not {"run_dir", "model", "value", "accuracy"} <= set(slices.columns):
+    """run_dirs of the trained runs at the learning rate chosen on validation (as the capacity
+    figure chooses); None when the runs carry no slices to choose on."""
+    try:
+        selected, _ = capacity_selected(data)
+    except MissingData:
         return None
-    if WIDTH not in slices.columns:
-        slices = slices.assign(**{WIDTH: np.nan})
-    picked, _ = select_on_validation(slices, ["model", WIDTH])
-    return set(picked["run_dir"])
+    return set(selected["run_dir"])
 
 
 def snr_points(data: pd.DataFrame) -> pd.DataFrame:
-    """(model, source, panel, snr_predicted, snr_measured) rows, both SNRs positive and finite."""
+    """(model, label, source, snr_predicted, snr_measured) rows of the nominal law, both SNRs
+    positive and finite: the probe's rows (label = the probed mixer), the trained retrieval
+    heads' (label = the run's, analysis.plots.labels), else run summaries."""
     parts = []
     probe = table(data, "probe", primary=True)
     if {"model", "snr_measured", "snr_predicted"} <= set(probe.columns):
-        parts.append(probe.assign(source="untrained probe", panel="nominal"))
-        if "snr_kernel" in probe.columns:
-            parts.append(probe.drop(columns="snr_predicted").rename(columns={"snr_kernel": "snr_predicted"})
-                         .assign(source="untrained probe", panel="own"))
+        parts.append(probe.assign(source="untrained probe", label=probe["model"]))
     heads = retrieval_heads(table(data, "heads"))
     chosen = _selected_runs(data)
     if chosen is not None and "run_dir" in heads.columns:
         heads = heads[heads["run_dir"].isin(chosen)]
     if {"model", "snr_measured", "snr_predicted"} <= set(heads.columns):
-        parts.append(heads.assign(source="trained", panel="nominal"))
-        if "snr_predicted_trained" in heads.columns:
-            parts.append(heads.drop(columns="snr_predicted")
-                         .rename(columns={"snr_predicted_trained": "snr_predicted"})
-                         .assign(source="trained", panel="own"))
+        parts.append(labelled(heads).assign(source="trained"))
     runs = table(data, "runs")
     if {"summary.snr_measured", "summary.snr_predicted"} <= set(runs.columns):
         # A run already shown head by head is not counted again through its summary.
         shown = set(heads["run_dir"]) if "run_dir" in heads.columns else set()
         runs = runs[~runs["run_dir"].isin(shown) & (runs.get("mode", "train") == "train")]
-        renamed = runs.rename(columns={"summary.snr_measured": "snr_measured"})
-        parts.append(renamed.rename(columns={"summary.snr_predicted": "snr_predicted"})
-                     .assign(source="trained", panel="nominal"))
-        if "summary.snr_predicted_trained" in runs.columns:
-            parts.append(renamed.drop(columns="summary.snr_predicted")
-                         .rename(columns={"summary.snr_predicted_trained": "snr_predicted"})
-                         .assign(source="trained", panel="own"))
+        parts.append(labelled(runs).rename(columns={"summary.snr_measured": "snr_measured",
+                                                    "summary.snr_predicted": "snr_predicted"}).assign(source="trained"))
     pts = pd.concat([p[_COLUMNS] for p in parts if set(_COLUMNS) <= set(p.columns)],
                     ignore_index=True) if parts else pd.DataFrame()
     if pts.empty:
@@ -83,62 +75,142 @@ def snr_points(data: pd.DataFrame) -> pd.DataFrame:
     return pts[keep].reset_index(drop=True)
 
 
+def is_training_setting(row: pd.Series) -> bool:
+    """Whether a settings row is its run's training setting: every field its name sets
+    (num_pairs=16, seq_len=256) equals the run's config.task.<field>."""
+    fields = setting_values(row.get("name", ""))
+    known = {k: v for k, v in fields.items() if f"config.task.{k}" in row.index and pd.notna(row[f"config.task.{k}"])}
+    return bool(known) and all(row[f"config.task.{k}"] == v for k, v in known.items())
+
+
+def out_of_sample_points(data: pd.DataFrame) -> pd.DataFrame:
+    """Settings rows of trained runs other than their training setting with both the measured
+    accuracy and acc_predicted_from_train, labelled, with train_n and test_n; empty if none."""
+    settings = table(data, "settings")
+    if not {FROM_TRAIN, "accuracy", "run_dir", "name"} <= set(settings.columns):
+        return pd.DataFrame()
+    chosen = _selected_runs(data)
+    if chosen is not None:
+        settings = settings[settings["run_dir"].isin(chosen)]
+    settings = settings.dropna(subset=[FROM_TRAIN, "accuracy"])
+    if settings.empty:
+        return settings
+    other = settings[[not is_training_setting(r) for _, r in settings.iterrows()]]
+    if WIDTH not in other.columns:
+        other = other.assign(**{WIDTH: np.nan})
+    train_n = other["config.task.num_pairs"] if "config.task.num_pairs" in other.columns else np.nan
+    other = other.assign(train_n=train_n, test_n=[setting_values(n).get("num_pairs", np.nan) for n in other["name"]])
+    return labelled(other)
+
+
+def out_of_sample_table(points: pd.DataFrame) -> pd.DataFrame:
+    """Per mixer, training N and test N: the prediction's mean over seeds and the measured
+    accuracy's n, mean, interval and seeds (analysis.stats), and measured - predicted."""
+    keys = ["label", WIDTH, "train_n", "test_n", "name"]
+    measured = stats.summarize(points, keys, "accuracy", count="count" if "count" in points.columns else None)
+    predicted = points.groupby(keys, dropna=False)[FROM_TRAIN].mean().rename("predicted_mean").reset_index()
+    out = measured.merge(predicted, on=keys, how="left")
+    return out.assign(measured_minus_predicted=out["mean"] - out["predicted_mean"])
+
+
 def fit_slopes(points: pd.DataFrame) -> pd.DataFrame:
-    """Fitted log-log slope and offset of measured on predicted SNR per (panel, source, model)."""
+    """Fitted log-log slope and offset of measured on predicted SNR per (source, label)."""
     rows = []
-    if "panel" not in points.columns:
-        points = points.assign(panel="nominal")
-    for (panel, source, model), grp in points.groupby(["panel", "source", "model"], sort=False):
+    if "label" not in points.columns:
+        points = points.assign(label=points["model"])
+    for (source, label), grp in points.groupby(["source", "label"], sort=False):
         slope = loglog_slope(grp["snr_predicted"], grp["snr_measured"])
         offset = float(np.mean(np.log(grp["snr_measured"]) - slope * np.log(grp["snr_predicted"]))) \
             if np.isfinite(slope) else float("nan")
-        rows.append({"panel": panel, "source": source, "model": model, "slope": slope,
+        rows.append({"source": source, "label": label, "model": grp["model"].iat[0], "slope": slope,
                      "prefactor": float(np.exp(offset)), "points": len(grp)})
     return pd.DataFrame(rows)
 
 
+def law_styles(points: pd.DataFrame) -> tuple[dict, dict]:
+    """(colour, marker) per label of the law panel: probed mixers by name, trained runs by label."""
+    probe = points[points["source"] == "untrained probe"]
+    colors = palette(probe["model"]) if len(probe) else {}
+    markers = dict.fromkeys(colors, "o")
+    trained = points[points["source"] == "trained"]
+    if len(trained):
+        more, marks = label_styles(trained)
+        colors.update(more)
+        markers.update(marks)
+    return colors, markers
+
+
+def _draw_law(ax, pts: pd.DataFrame, fits: pd.DataFrame, colors: dict, markers: dict) -> None:
+    for source, filled in FILLED.items():
+        for label, rows in pts[pts["source"] == source].groupby("label"):
+            ax.scatter(rows["snr_predicted"], rows["snr_measured"], s=22 if filled else 26, marker=markers[label],
+                       facecolors=colors[label] if filled else "none", edgecolors=colors[label], linewidths=1.0,
+                       alpha=0.85 if filled else 0.7)
+    lo = float(min(pts["snr_predicted"].min(), pts["snr_measured"].min()))
+    hi = float(max(pts["snr_predicted"].max(), pts["snr_measured"].max()))
+    ax.plot([lo, hi], [lo, hi], color="k", ls="--", lw=1.0)
+    for fit in fits.itertuples():
+        if not np.isfinite(fit.slope):
+            continue
+        grp = pts[(pts["source"] == fit.source) & (pts["label"] == fit.label)]
+        x = np.geomspace(grp["snr_predicted"].min(), grp["snr_predicted"].max(), 20)
+        ax.plot(x, fit.prefactor * x ** fit.slope, color=colors[fit.label], lw=1.0,
+                ls=":" if fit.source == "untrained probe" else "-")
+    ax.set(xscale="log", yscale="log", xlabel="predicted SNR sqrt(d/N), nominal key dimension (ratio)",
+           ylabel="measured SNR (signal / rms crosstalk)", title="the law: untrained probe and trained heads")
+
+
+def _draw_out_of_sample(ax, points: pd.DataFrame, summary: pd.DataFrame) -> tuple[dict, dict]:
+    colors, markers = label_styles(points)
+    for lab in label_order(points):
+        runs = points[points["label"] == lab]
+        ax.scatter(runs[FROM_TRAIN], runs["accuracy"], s=6, color=colors[lab], alpha=0.35, linewidths=0)
+        pts = summary[summary["label"] == lab]
+        ax.scatter(pts["predicted_mean"], pts["mean"], s=24, color=colors[lab], marker=markers[lab], zorder=3)
+        have = pts[np.isfinite(pts["low"].astype(float))]
+        if len(have):
+            ax.errorbar(have["predicted_mean"], have["mean"], yerr=[have["mean"] - have["low"], have["high"] - have["mean"]],
+                        fmt="none", ecolor=colors[lab], elinewidth=0.9, capsize=2)
+    ax.plot([0, 1], [0, 1], color="k", ls="--", lw=1.0)
+    ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02),
+           xlabel="accuracy predicted from the training N (fraction)",
+           ylabel="measured test accuracy (fraction)", title="trained law out of sample (other N than trained)")
+    return colors, markers
+
+
 @figure("snr")
 def snr_figure(data) -> Figure:
-    """Measured against predicted SNR per mixer: nominal law (left), own statistics (right)."""
+    """Left: measured against predicted SNR (probe and trained heads, nominal law). Right:
+    measured accuracy against the out-of-sample prediction at the settings not trained on."""
     pts = snr_points(data)
-    order = mixer_order(pts["model"])
-    colors = palette(order)
-    panels = [p for p in PANELS if p in set(pts["panel"])]
-    fig, axes = new_figure(1, len(panels), panel=(4.0, 3.8), legend=2.6, sharey=True)
+    colors, markers = law_styles(pts)
+    oos = out_of_sample_points(data)
+    fig, (law, right) = new_figure(1, 2, panel=(4.2, 3.9), legend=2.6)
     fits = fit_slopes(pts)
-    for ax, panel in zip(axes, panels):
-        part = pts[pts["panel"] == panel]
-        for source, filled in FILLED.items():
-            grp = part[part["source"] == source]
-            if grp.empty:
-                continue
-            for model, rows in grp.groupby("model"):
-                face = colors[model] if filled else "none"
-                ax.scatter(rows["snr_predicted"], rows["snr_measured"], s=22 if filled else 26,
-                           facecolors=face, edgecolors=colors[model], linewidths=1.0,
-                           alpha=0.85 if filled else 0.7)
-        lo = float(min(part["snr_predicted"].min(), part["snr_measured"].min()))
-        hi = float(max(part["snr_predicted"].max(), part["snr_measured"].max()))
-        ax.plot([lo, hi], [lo, hi], color="k", ls="--", lw=1.0)
-        for fit in fits[fits["panel"] == panel].itertuples():
-            if not np.isfinite(fit.slope):
-                continue
-            grp = part[(part["source"] == fit.source) & (part["model"] == fit.model)]
-            x = np.geomspace(grp["snr_predicted"].min(), grp["snr_predicted"].max(), 20)
-            ax.plot(x, fit.prefactor * x ** fit.slope, color=colors[fit.model], lw=1.0,
-                    ls=":" if fit.source == "untrained probe" else "-")
-        ax.set(xscale="log", yscale="log", xlabel=PANELS[panel],
-               ylabel="measured SNR (signal / rms crosstalk)",
-               title="nominal law sqrt(d/N)" if panel == "nominal" else "law with measured d_kernel")
-    handles = [Line2D([], [], ls="", marker="o", color=colors[m]) for m in order]
-    labels = list(order)
+    _draw_law(law, pts, fits, colors, markers)
+    summary = out_of_sample_table(oos) if len(oos) else pd.DataFrame()
+    handles = [Line2D([], [], ls="", marker=markers[lab], color=colors[lab]) for lab in colors]
+    labels = list(colors)
+    if len(oos):
+        label_colors, markers = _draw_out_of_sample(right, oos, summary)
+        new = [lab for lab in label_colors if lab not in labels]
+        handles += [Line2D([], [], ls="", marker=markers[lab], color=label_colors[lab]) for lab in new]
+        labels += new
+    else:
+        right.set(xlabel="predicted accuracy (fraction)", ylabel="measured test accuracy (fraction)")
+        note(right, f"no out-of-sample prediction in these results ({FROM_TRAIN} in the settings rows "
+                    "of trained runs)")
+        right.plot([0, 1], [0, 1], color="k", ls="--", lw=1.0)
     handles += [Line2D([], [], ls="", marker="o", markerfacecolor="none", markeredgecolor="0.3"),
-                Line2D([], [], ls="", marker="o", color="0.3"),
-                Line2D([], [], color="k", ls="--")]
-    labels += ["untrained probe (hollow; fit dotted)", "trained runs (filled; fit solid)",
-               "measured = predicted"]
+                Line2D([], [], ls="", marker="o", color="0.3"), Line2D([], [], color="k", ls="--")]
+    labels += ["untrained probe (hollow; fit dotted)", "trained runs (filled; fit solid)", "measured = predicted"]
     legend_outside(fig, None, handles, labels)
-    fig.suptitle("SNR: measured against predicted")
+    caption(fig, "SNR: the law on the probe, and the trained law out of sample", summary,
+            extra="Left: x = sqrt(d/N) with the state's nominal key dimension (probe: random keys; trained: "
+                  "sqrt(d_key / N_eff) of the retrieval head), y = signal over rms crosstalk of the read-out. "
+                  "Right: x = top-1 accuracy predicted through harness.measure.theory from the kernel statistics "
+                  "measured once at the run's training N on validation data, y = test accuracy at that other N; "
+                  "small dots: each run, markers: mean over seeds")
     slopes = fits.assign(slope=fits["slope"].round(3), prefactor=fits["prefactor"].round(3))
-    fig.tables = {"snr_slopes": slopes}
+    fig.tables = {"snr_slopes": slopes, "snr_out_of_sample": summary}
     return fig
