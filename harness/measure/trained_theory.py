@@ -30,8 +30,8 @@ law and the accuracy model of harness.measure.theory with them:
                 (tr S)^2 / tr S^2 of its covariance corrected for the finite number of entries
                 ((tr S)^2 / (tr S^2 - (tr S)^2 / C): C random directions in R^d give d, not
                 d / (1 + d / C)), capped at the head's value width.
-  predicted     snr_predicted_trained = sqrt(d_kernel / N_eff) (theory.predicted_snr, N_eff
-                pooled as a ratio of sums, like the measured SNR); acc_predicted_trained = the
+  predicted     snr_readout_trained = sqrt(d_kernel / N_eff) (theory.predicted_snr, N_eff
+                pooled as a ratio of sums, like the measured SNR); acc_readout_trained = the
                 mean over reads of theory.predicted_accuracy(sqrt(d_kernel / N_eff_i), C,
                 value_dim, P) with P the median over reads (as the untrained probe does).
 
@@ -45,7 +45,7 @@ carries the group's numbers.
 Per read, d_kernel / N_eff_i is exactly sum_span a^2 / sum_other a^2: the SNR the weights give
 if the values were random directions. Where the measured SNR differs, the trained values are
 not (the values of other pairs share components with the answer's, or the crosstalk has
-structure the law ignores); where acc_predicted_trained differs from the measured accuracy,
+structure the law ignores); where acc_readout_trained differs from the measured accuracy,
 the read-out is decoded by more than a nearest-codebook match of this one head.
 
 Known answer: random keys on the sphere, each query equal to its stored key, written into the
@@ -69,8 +69,8 @@ from harness.layers.protocol import lacks, mixer_hooks
 from harness.measure import theory
 from harness.measure.trained import answer_span, decay_gain_sq, span_mask
 
-COLUMNS = ("d_kernel", "n_eff", "pairs", "value_dim", "candidates", "snr_predicted_trained",
-           "acc_predicted_trained")
+COLUMNS = ("d_kernel", "n_eff", "pairs", "value_dim", "candidates", "snr_readout_trained",
+           "acc_readout_trained")
 SUMS = ("kernel_target", "kernel_other", "gain_target", "gain_other", "gain_other_sq")
 
 
@@ -165,13 +165,13 @@ def predict(sums: dict[str, np.ndarray], value_dim: float, candidates: int) -> d
         n_read = go / gt
     pairs = float(np.median(go**2 / go2))
     out = {"d_kernel": d_kernel, "n_eff": n_eff, "pairs": pairs, "value_dim": value_dim,
-           "candidates": candidates, "snr_predicted_trained": float(theory.predicted_snr(d_kernel, n_eff))}
+           "candidates": candidates, "snr_readout_trained": float(theory.predicted_snr(d_kernel, n_eff))}
     if math.isfinite(value_dim) and candidates >= 2:
         d_v = max(2, int(round(value_dim)))
         acc = theory.predicted_accuracy(np.sqrt(d_kernel / n_read), candidates, d_v, pairs)
-        out["acc_predicted_trained"] = float(np.mean(acc))
+        out["acc_readout_trained"] = float(np.mean(acc))
     else:
-        out["acc_predicted_trained"] = math.nan
+        out["acc_readout_trained"] = math.nan
     return out
 
 
