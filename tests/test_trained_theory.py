@@ -138,6 +138,19 @@ def test_measured_on_a_trained_run(tmp_path):
     assert all(np.isfinite(r["acc_readout_trained"]) and 0 <= r["acc_readout_trained"] <= 1 for r in rows)
     assert all(theory.predicted_snr(r["d_kernel"], r["n_eff"]) == pytest.approx(r["snr_readout_trained"])
                for r in rows)
+    # out of sample: statistics at the training setting, a prediction per test setting
+    stats = results["train_stats"]
+    assert stats["status"] == "ok" and stats["law"] == "additive"
+    assert stats["num_pairs"] == cfg.task.num_pairs and stats["seq_len"] > 0
+    assert stats["n_eff_law"] == pytest.approx(stats["n_eff"])  # no decay: the layout is the count
+    names = [row["name"] for row in results["settings"]]
+    assert names == ["num_pairs=2", "num_pairs=4"]
+    for row in results["settings"]:
+        assert 0 <= row["acc_predicted_from_train"] <= 1 and row["snr_predicted_from_train"] > 0
+        assert s[f"acc_predicted_from_train/{row['name']}"] == row["acc_predicted_from_train"]
+        assert s[f"snr_predicted_from_train/{row['name']}"] == row["snr_predicted_from_train"]
+    assert s["acc_predicted_from_train"] == pytest.approx(np.mean([r["acc_predicted_from_train"]
+                                                                   for r in results["settings"]]))
 
 
 def test_heads_read_out_together_are_pooled():
