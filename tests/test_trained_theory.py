@@ -66,8 +66,8 @@ def test_frozen_random_keys_give_the_untrained_probe_numbers(name):
     # the kernel's effective dimension: d for the identity map, ~2.1 for elu+1, within sampling error
     assert want["d_kernel"] == pytest.approx(d if name == "linear" else 2.1, rel=0.05)
     assert got["d_kernel"] == pytest.approx(want["d_kernel"], rel=0.1)
-    assert got["snr_predicted_trained"] == pytest.approx(want["snr_kernel"], rel=0.05)
-    assert got["acc_predicted_trained"] == pytest.approx(want["acc_kernel"], abs=0.05)
+    assert got["snr_readout_trained"] == pytest.approx(want["snr_kernel"], rel=0.05)
+    assert got["acc_readout_trained"] == pytest.approx(want["acc_kernel"], abs=0.05)
 
 
 def test_frozen_random_keys_predict_what_the_probe_measures():
@@ -77,8 +77,8 @@ def test_frozen_random_keys_predict_what_the_probe_measures():
     model, batch = frozen_random_keys("linear", d, n, 384, C)
     got = measure_trained_theory(model, batch, retrieval=(0, 0))["summary"]
     want = probe.probe_row("linear", d, n + 1, candidates=C, min_queries=4096)
-    assert got["snr_predicted_trained"] == pytest.approx(want["snr_measured"], rel=0.08)
-    assert got["acc_predicted_trained"] == pytest.approx(want["acc_measured"], abs=0.08)
+    assert got["snr_readout_trained"] == pytest.approx(want["snr_measured"], rel=0.08)
+    assert got["acc_readout_trained"] == pytest.approx(want["acc_measured"], abs=0.08)
 
 
 def test_read_sums_factorise_the_weight_snr():
@@ -130,14 +130,27 @@ def test_measured_on_a_trained_run(tmp_path):
                           "trainer.checkpoint=false", "task.test_num_pairs=[2,4]"])
     results = train(cfg, tmp_path)
     s = results["summary"]
-    for key in ("d_kernel", "snr_predicted_trained", "acc_predicted_trained", "n_eff", "value_dim", "candidates"):
+    for key in ("d_kernel", "snr_readout_trained", "acc_readout_trained", "n_eff", "value_dim", "candidates"):
         assert key in s and np.isfinite(s[key]), key
     assert s["measure_examples"] == 8  # trainer.measure_examples of the debug trainer
     rows = results["heads"]
     assert {r["value"] for r in rows} == {2, 4}
-    assert all(np.isfinite(r["acc_predicted_trained"]) and 0 <= r["acc_predicted_trained"] <= 1 for r in rows)
-    assert all(theory.predicted_snr(r["d_kernel"], r["n_eff"]) == pytest.approx(r["snr_predicted_trained"])
+    assert all(np.isfinite(r["acc_readout_trained"]) and 0 <= r["acc_readout_trained"] <= 1 for r in rows)
+    assert all(theory.predicted_snr(r["d_kernel"], r["n_eff"]) == pytest.approx(r["snr_readout_trained"])
                for r in rows)
+    # out of sample: statistics at the training setting, a prediction per test setting
+    stats = results["train_stats"]
+    assert stats["status"] == "ok" and stats["law"] == "additive"
+    assert stats["num_pairs"] == cfg.task.num_pairs and stats["seq_len"] > 0
+    assert stats["n_eff_law"] == pytest.approx(stats["n_eff"])  # no decay: the layout is the count
+    names = [row["name"] for row in results["settings"]]
+    assert names == ["num_pairs=2", "num_pairs=4"]
+    for row in results["settings"]:
+        assert 0 <= row["acc_predicted_from_train"] <= 1 and row["snr_predicted_from_train"] > 0
+        assert s[f"acc_predicted_from_train/{row['name']}"] == row["acc_predicted_from_train"]
+        assert s[f"snr_predicted_from_train/{row['name']}"] == row["snr_predicted_from_train"]
+    assert s["acc_predicted_from_train"] == pytest.approx(np.mean([r["acc_predicted_from_train"]
+                                                                   for r in results["settings"]]))
 
 
 def test_heads_read_out_together_are_pooled():

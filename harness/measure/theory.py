@@ -457,6 +457,30 @@ def delta_read_energy(d: int, weights):
     return lam2 * s_m, later + earlier
 
 
+def delta_read_energy_at(d: float, earlier, later, log_decay: float = 0.0):
+    """`delta_read_energy` of one read, in closed form, for a constant decay per write.
+
+    The target has `earlier` writes before it and `later` after it (arrays broadcast; the read
+    is after the last write), every write decayed by exp(log_decay) per later write. Returns
+    (E a_ii^2, E sum_{j != i} a_ij^2): section 4's sums are geometric in r = exp(2 log_decay)
+    gamma. d and the counts may be non-integers (d is then an effective key dimension).
+    """
+    d = float(d)
+    t = np.asarray(earlier, dtype=np.float64)
+    m = np.asarray(later, dtype=np.float64)
+    gamma = 1.0 - 1.0 / d
+    s_m = delta_signal_sq(d, m)
+    lam2 = math.exp(2.0 * log_decay)
+    r = lam2 * gamma
+
+    def geometric(n):  # sum_{u < n} r^u
+        return n if r == 1.0 else -np.expm1(n * math.log(r)) / (1.0 - r)
+
+    later_x = geometric(m) / d  # sum_{j > i} lam_j^2 gamma^(N-1-j) / d
+    older = lam2 ** (m + 1) * geometric(t)  # sum_{j < i} lam_j^2 gamma^(i-1-j)
+    return lam2**m * s_m, later_x + older * (gamma**m - s_m) / d
+
+
 # --------------------------------------------------------------------------------------------
 # Recall against context length: N fixed, T growing.
 

@@ -30,10 +30,12 @@ law and the accuracy model of harness.measure.theory with them:
                 (tr S)^2 / tr S^2 of its covariance corrected for the finite number of entries
                 ((tr S)^2 / (tr S^2 - (tr S)^2 / C): C random directions in R^d give d, not
                 d / (1 + d / C)), capped at the head's value width.
-  predicted     snr_predicted_trained = sqrt(d_kernel / N_eff) (theory.predicted_snr, N_eff
-                pooled as a ratio of sums, like the measured SNR); acc_predicted_trained = the
+  read-out      snr_readout_trained = sqrt(d_kernel / N_eff) (theory.predicted_snr, N_eff
+                pooled as a ratio of sums, like the measured SNR); acc_readout_trained = the
                 mean over reads of theory.predicted_accuracy(sqrt(d_kernel / N_eff_i), C,
                 value_dim, P) with P the median over reads (as the untrained probe does).
+                Both are read off the weights at the setting they describe: an analysis of
+                the read-out there, not a prediction of it.
 
 Heads read out together. A mixer whose read-out concatenates several heads of its effective
 weights (`heads_per_readout`: mamba's decay heads of one q/k group, each a slice of v with its
@@ -45,8 +47,16 @@ carries the group's numbers.
 Per read, d_kernel / N_eff_i is exactly sum_span a^2 / sum_other a^2: the SNR the weights give
 if the values were random directions. Where the measured SNR differs, the trained values are
 not (the values of other pairs share components with the answer's, or the crosstalk has
-structure the law ignores); where acc_predicted_trained differs from the measured accuracy,
+structure the law ignores); where acc_readout_trained differs from the measured accuracy,
 the read-out is decoded by more than a nearest-codebook match of this one head.
+
+Out of sample (`train_statistics`, `add_out_of_sample`). The same statistics, measured once at
+the training setting on validation data for the retrieval head chosen there, are what
+harness.measure.out_of_sample carries to every other N and length: per head of the read-out
+the mean kappa^2 on the answer and on the other writes, the mean log decay per step, the
+target write gain, and the codebook's value_dim (results.json `train_stats`); the
+predictions (snr_predicted_from_train, acc_predicted_from_train) come from them and the
+setting's layout alone. `law_of` says which law a mixer's read-out follows.
 
 Known answer: random keys on the sphere, each query equal to its stored key, written into the
 model's state in place of what its projection computes, give the untrained probe's d_kernel,
@@ -58,6 +68,7 @@ weights of its R query rows, on the first `max_examples` examples (trainer.measu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -67,10 +78,12 @@ import torch
 from harness.hooks import capture
 from harness.layers.protocol import lacks, mixer_hooks
 from harness.measure import theory
+from harness.measure.out_of_sample import (TrainStats, fit_delta_dim, law_n_eff, no_prediction, predict_from_train,
+                                           read_accuracy, reads_of)
 from harness.measure.trained import answer_span, decay_gain_sq, span_mask
 
-COLUMNS = ("d_kernel", "n_eff", "pairs", "value_dim", "candidates", "snr_predicted_trained",
-           "acc_predicted_trained")
+COLUMNS = ("d_kernel", "n_eff", "pairs", "value_dim", "candidates", "snr_readout_trained",
+           "acc_readout_trained")
 SUMS = ("kernel_target", "kernel_other", "gain_target", "gain_other", "gain_other_sq")
 
 
@@ -164,15 +177,9 @@ def predict(sums: dict[str, np.ndarray], value_dim: float, candidates: int) -> d
     with np.errstate(divide="ignore", over="ignore"):  # a target decayed to nothing: N_read = inf, chance
         n_read = go / gt
     pairs = float(np.median(go**2 / go2))
-    out = {"d_kernel": d_kernel, "n_eff": n_eff, "pairs": pairs, "value_dim": value_dim,
-           "candidates": candidates, "snr_predicted_trained": float(theory.predicted_snr(d_kernel, n_eff))}
-    if math.isfinite(value_dim) and candidates >= 2:
-        d_v = max(2, int(round(value_dim)))
-        acc = theory.predicted_accuracy(np.sqrt(d_kernel / n_read), candidates, d_v, pairs)
-        out["acc_predicted_trained"] = float(np.mean(acc))
-    else:
-        out["acc_predicted_trained"] = math.nan
-    return out
+    return {"d_kernel": d_kernel, "n_eff": n_eff, "pairs": pairs, "value_dim": value_dim,
+            "candidates": candidates, "snr_readout_trained": float(theory.predicted_snr(d_kernel, n_eff)),
+            "acc_readout_trained": read_accuracy(np.sqrt(d_kernel / n_read), candidates, value_dim, pairs)}
 
 
 def _layer(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tensor, span: int):
@@ -236,7 +243,7 @@ def measure_trained_theory(model, batch, *, max_examples: Optional[int] = None,
 
     span = answer_span(model)
     values = sorted(int(x) for x in torch.unique(slice_value[query]).tolist())
-    rows, summary, status = {}, {}, "ok"
+    rows, summary, status, group = {}, {}, "ok", None
     for layer, mixer in enumerate(model.mixers()):
         hooks = mixer_hooks(mixer, cache, f"layers.{layer}.mixer.")
         why = lacks(mixer, "effective_weights") or (None if "v" in hooks else "skipped: no hook_v")
@@ -265,9 +272,127 @@ def measure_trained_theory(model, batch, *, max_examples: Optional[int] = None,
                         rows[(layer, h, value)] = found
                     elif retrieval == (layer, h):
                         summary = found
-    return {"rows": rows, "summary": summary, "status": status}
+                        group = {"layer": layer, "heads": heads, "span": span, "law": law_of(mixer),
+                                 **_head_statistics({n: sums[n][:, first:first + g] for n in SUMS},
+                                                    hooks, heads, query, target_pos, span)}
+    return {"rows": rows, "summary": summary, "status": status, "group": group}
+
+
+def _head_statistics(sums: dict[str, torch.Tensor], hooks: dict, heads: list[int], query: torch.Tensor,
+                     target_pos: torch.Tensor, span: int) -> dict:
+    """What the out-of-sample law carries from this setting, per head of one read-out
+    (harness.measure.out_of_sample): the mean kappa^2 on the answer span and on the other writes
+    over the reads where the head holds both, the mean log decay per step (per key dimension;
+    0 without decay) and the target write gain (mean squared write scale on the answer spans
+    over that on all positions; 1 without one)."""
+    kernel_target, kernel_other = [], []
+    for h in range(len(heads)):
+        ok = query & (sums["gain_target"][:, h] > 0) & (sums["gain_other"][:, h] > 0)  # (B, T)
+        kernel_target.append(float(sums["kernel_target"][:, h][ok].mean()) if ok.any() else math.nan)
+        kernel_other.append(float(sums["kernel_other"][:, h][ok].mean()) if ok.any() else math.nan)
+    log_decay, dt = hooks.get("log_decay"), hooks.get("dt")
+    if log_decay is None:
+        decay = [(0.0,)] * len(heads)
+    else:
+        ld = log_decay[:, heads].to(torch.float64).cpu()  # (B, g, T) or (B, g, T, Dk)
+        per_head = ld.mean((0, 2)) if ld.dim() == 4 else ld.mean((0, 2))[:, None]  # (g, Dk or 1)
+        decay = [tuple(float(x) for x in row) for row in per_head]
+    gain = [1.0] * len(heads)
+    if dt is not None:
+        w2 = dt[:, heads].to(torch.float64).cpu().square()  # (B, g, T)
+        T = w2.shape[-1]
+        b, i = query.nonzero(as_tuple=True)
+        on = (target_pos[b, i].long()[:, None] + torch.arange(span)).clamp(max=T - 1)  # (R, span)
+        gain = [float(w2[b[:, None], h, on].mean() / w2[:, h].mean()) for h in range(len(heads))]
+    return {"kernel_target": kernel_target, "kernel_other": kernel_other, "log_decay": decay,
+            "target_write_gain": gain}
 
 
 def merge_rows(heads: list[dict], found: dict) -> list[dict]:
     """heads rows (harness.measure.trained) with this module's columns added by (layer, head, value)."""
     return [{**row, **found["rows"].get((row["layer"], row["head"], row["value"]), {})} for row in heads]
+
+
+def law_of(mixer) -> str:
+    """Which out-of-sample law describes `mixer`'s read-out (harness.measure.out_of_sample):
+    "delta" for the delta rule, "additive" for the other states and for softmax read as a kernel
+    over its cache, "not applicable: <why>" for a window or an undeclared family."""
+    family = getattr(mixer, "family", "")
+    if getattr(mixer, "window", None) is not None:
+        return "not applicable: window (the law counts every write of the prefix)"
+    if family == "delta":
+        return "delta"
+    if family in ("linear", "decay", "softmax"):
+        return "additive"
+    return f"not applicable: family {family!r}"
+
+
+# --------------------------------------------------------------------------------------------
+# The predictive mode: statistics of the training setting, predictions everywhere else.
+
+
+def train_statistics(model, batch, *, max_examples: Optional[int] = None, num_pairs: Optional[int] = None,
+                     retrieval: Optional[tuple[int, int]] = None) -> tuple[Optional[TrainStats], str]:
+    """(TrainStats, "ok") of `model` on `batch`, a batch at the training setting (validation
+    data), for the (layer, head) `retrieval`, by default the retrieval head chosen on this batch
+    (harness.measure.trained.measure_model); (None, why) where the statistics cannot be
+    measured. num_pairs: the training N, recorded."""
+    from harness.measure.trained import measure_model
+
+    if retrieval is None:
+        chosen = measure_model(model, batch, max_examples=max_examples)["summary"]
+        retrieval = (chosen.get("retrieval_layer"), chosen.get("retrieval_head"))
+    if None in retrieval:
+        return None, "skipped: no retrieval head"
+    found = measure_trained_theory(model, batch, max_examples=max_examples, retrieval=retrieval)
+    group, summary = found["group"], found["summary"]
+    if group is None or not summary:
+        return None, found["status"] if found["status"] != "ok" else "skipped: no reads"
+    stats = TrainStats(
+        law=group["law"], span=group["span"], kernel_target=tuple(group["kernel_target"]),
+        kernel_other=tuple(group["kernel_other"]), log_decay=tuple(group["log_decay"]),
+        target_write_gain=tuple(group["target_write_gain"]), value_dim=summary["value_dim"],
+        candidates=summary["candidates"], d_kernel=summary["d_kernel"], n_eff=summary["n_eff"],
+        pairs=summary["pairs"], snr_readout=summary["snr_readout_trained"],
+        acc_readout=summary["acc_readout_trained"], seq_len=int(_field(batch, "inputs").shape[1]),
+        num_pairs=num_pairs, layer=group["layer"], head=retrieval[1])
+    reads = reads_of(batch, max_examples)  # the reads the statistics were measured on
+    stats = dataclasses.replace(stats, n_eff_law=law_n_eff(stats, reads))
+    if stats.law == "delta":
+        stats = dataclasses.replace(stats, d_delta=fit_delta_dim(stats, reads))
+    return stats, "ok"
+
+
+TRAIN_SETTING_STREAM = 7918  # the training setting's validation batch: seed * 7919 + this, no
+                             # evaluation setting's (those are seed * 7919 + i, i < 7918)
+
+
+def add_out_of_sample(results: dict, model, task, task_cfg, eval_sets, *, examples: int,
+                      max_examples: Optional[int], seed: int) -> dict:
+    """The predictive mode at the end of a run: statistics at the training setting (`examples`
+    validation examples of task_cfg, the first `max_examples` measured), then predictions at
+    every evaluation setting from its layout alone.
+
+    task: the task module (make_batch); eval_sets: objects with .name and .batch. Writes
+    results["train_stats"] (TrainStats.as_dict() and a status) and adds snr_predicted_from_train,
+    acc_predicted_from_train, n_eff_from_train and pairs_from_train to each results["settings"]
+    row of the same name; returns the summary entries snr_predicted_from_train/<name>,
+    acc_predicted_from_train/<name> and acc_predicted_from_train (their mean, like accuracy).
+    """
+    device = next(model.parameters()).device
+    batch = task.make_batch(task_cfg, examples, seed=seed * 7919 + TRAIN_SETTING_STREAM, device=device,
+                            split="val")
+    stats, status = train_statistics(model, batch, max_examples=max_examples,
+                                     num_pairs=getattr(task_cfg, "num_pairs", None))
+    results["train_stats"] = {"status": status, **(stats.as_dict() if stats else {})}
+    predicted = {es.name: (predict_from_train(stats, reads_of(es.batch)) if stats else no_prediction())
+                 for es in eval_sets}
+    for row in results.get("settings", []):
+        row.update(predicted.get(row["name"], {}))
+    summary = {}
+    for name, found in predicted.items():
+        summary[f"snr_predicted_from_train/{name}"] = found["snr_predicted_from_train"]
+        summary[f"acc_predicted_from_train/{name}"] = found["acc_predicted_from_train"]
+    accs = [found["acc_predicted_from_train"] for found in predicted.values()]
+    summary["acc_predicted_from_train"] = float(np.mean(accs)) if accs else math.nan
+    return summary

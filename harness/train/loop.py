@@ -478,6 +478,11 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         if tr.measure:
             measure_t0 = time.perf_counter()
             measured = _measure(model, eval_sets, tr.measure_examples)
+            # the out-of-sample law: statistics at the training setting (validation data), then
+            # every test setting predicted from its layout alone (harness.measure.out_of_sample)
+            from harness.measure.trained_theory import add_out_of_sample
+            summary.update(add_out_of_sample(results, model, module, tcfg, eval_sets, examples=tr.eval_examples,
+                                             max_examples=tr.measure_examples, seed=cfg.seed))
             summary["measure_time_s"] = time.perf_counter() - measure_t0
             summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
             results["heads"] = measured["heads"]
