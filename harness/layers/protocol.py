@@ -69,7 +69,9 @@ class ProbeMemory(NamedTuple):
     last `window` of them when window is set). phi_k / phi_q map (B, c, d) -> (B, c, m); d_key is
     m. normalize: divide the read-out by phi(q).z. decay: None, or a callable
     (shape (B, N), generator) -> (log a (B, N), write scale (B, N) or None) drawing the
-    per-step decays of the mixer's initialisation.
+    per-step decays of the mixer's initialisation. kernel: the theory.kernel_effective_dim name
+    of this memory where it depends on the mixer's options (DPFP's "dpfp2"); None: the class's
+    `kernel`.
     """
     read: str
     phi_k: Optional[Callable] = None
@@ -78,6 +80,7 @@ class ProbeMemory(NamedTuple):
     normalize: bool = False
     decay: Optional[Callable] = None
     window: Optional[int] = None
+    kernel: Optional[str] = None
 
 
 def identity_map(x: torch.Tensor) -> torch.Tensor:

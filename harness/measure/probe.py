@@ -412,7 +412,8 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
     lam_np = lam_read.numpy()
     n_eff = float(np.mean(theory.aggregate_pairs(lam_np)))
     pairs = float(np.median(theory.read_participation(lam_np)))  # P: crosstalk pairs behind a read
-    d_kernel = theory.kernel_effective_dim(cls.kernel, d) if cls.kernel else math.nan
+    kernel = getattr(memory, "kernel", None) or cls.kernel
+    d_kernel = theory.kernel_effective_dim(kernel, d) if kernel else math.nan
     snr_kernel = theory.predicted_snr(d_kernel, n_eff) if not math.isnan(d_kernel) else math.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         snr_read = np.sqrt(sig2 / noise2)
