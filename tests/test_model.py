@@ -173,6 +173,9 @@ def test_key_dimension_and_state_accounting():
     assert build(name="favor", favor_features=12).d_key == 12
     assert build(name="retnet").d_key == d
     assert [build(name="dpfp", dpfp_nu=nu).d_key for nu in (1, 2, 3)] == [2 * d, 4 * d, 6 * d]
+    for m in (64, 128, 256, 512, 1000):  # Schlag et al.'s FAVOR+ feature counts at d = 64, and one off the blocks
+        favor = resolve("favor")(ModelConfig(name="favor", d_model=64, favor_features=m), 0)
+        assert favor.d_key == favor.phi.weights.shape[0] == m and favor.state_size() == m * 64 + m
     layers_heads = 2 * 2
     for name, normalize, kw in [("elu", True, {}), ("taylor", True, {}), ("dpfp", True, {}),
                                 ("dpfp", True, {"dpfp_nu": 3}), ("retnet", False, {}),
