@@ -19,7 +19,8 @@ them through :class:`Mixer`; an outside mixer declares what it can.
                                                          delta, delta_gated, softmax_window)
   d_key, d_head, n_heads      int                        predicted SNR sqrt(d_key / N_eff)
   kernel                      str                        theory.kernel_effective_dim name
-                                                         (identity, elu1, favor, taylor, softmax)
+                                                         (identity, elu1, favor, taylor, softmax,
+                                                         dpfp<nu>)
   positive_denominator        bool                       fault checks: phi(q).z must stay > 0
   state_size(sequence_length) int, elements per layer    state bytes in results.json
                                                          (Zoology's convention)
