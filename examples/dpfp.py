@@ -2,7 +2,9 @@
 
 An example of the mixer protocol (docs/extending.md): a plain nn.Module the harness builds
 from `model.name=examples.dpfp.DPFPAttention`, with keyword arguments it supplies (d_model,
-n_heads, layer_idx) and one of its own (`nu`, from `model.options.nu=2`).
+n_heads, layer_idx) and one of its own (`nu`, from `model.options.nu=2`). The library's own
+DPFP mixer is the built-in `model=dpfp` (harness.layers.kernel); both use the one feature map,
+harness.features.dpfp, which an outside module imports like any other public function.
 
 The deterministic parameter-free projection of a d-vector x: r = [relu(x), relu(-x)] (2d), then
 phi_nu(x) = [r * roll(r, 1), r * roll(r, 2), ..., r * roll(r, nu)] with 2 d nu features. Its
@@ -15,19 +17,13 @@ matching measurement is skipped with its reason in results.json.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from harness import ops
+from harness.features import dpfp  # (..., d) -> (..., 2 d nu), every entry >= 0
 from harness.hooks import HookPoint
 from harness.layers import ProbeMemory
 from harness.layers.parts import ShortConv
-
-
-def dpfp(x: torch.Tensor, nu: int = 1) -> torch.Tensor:
-    """(..., d) -> (..., 2 d nu), every entry >= 0."""
-    r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)  # (..., 2d)
-    return torch.cat([r * r.roll(j, dims=-1) for j in range(1, nu + 1)], dim=-1)
 
 
 class DPFPAttention(nn.Module):

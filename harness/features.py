@@ -9,18 +9,22 @@ them alike; only FAVOR+ uses it.
   about -37 in float64, -17 in float32), m = d.
 - ``taylor2``: [1, x, vec(x x^T)/sqrt(2)], so phi(q).phi(k) = 1 + q.k + (q.k)^2/2, the
   second-order Taylor expansion of exp(q.k) (Based); always > 0, m = 1 + d + d^2.
+- ``dpfp``: the deterministic parameter-free projection of Schlag, Irie & Schmidhuber (2021):
+  r = [relu(x), relu(-x)] (2d), then products of r with itself rolled by 1 .. nu positions,
+  m = 2 d nu, every entry >= 0.
 - :class:`Favor`: FAVOR+ positive orthogonal random features (Performer), unbiased for
   exp(q.k).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-NAMES = ("identity", "elu1", "favor", "taylor")
+NAMES = ("identity", "elu1", "favor", "taylor", "dpfp")
 
 
 def identity(x: torch.Tensor, *, is_query: bool = False) -> torch.Tensor:
@@ -35,6 +39,21 @@ def taylor2(x: torch.Tensor, *, is_query: bool = False) -> torch.Tensor:
     """(..., d) -> (..., 1 + d + d^2): [1, x, vec(x x^T)/sqrt(2)]."""
     outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) / math.sqrt(2.0)  # (..., d^2)
     return torch.cat([torch.ones_like(x[..., :1]), x, outer], dim=-1)
+
+
+def dpfp(x: torch.Tensor, nu: int = 1, *, is_query: bool = False) -> torch.Tensor:
+    """(..., d) -> (..., 2 d nu): DPFP (Schlag, Irie & Schmidhuber 2021, their Eq. for phi_nu).
+
+    r = [relu(x), relu(-x)] in R^2d; the block for shift j = 1 .. nu is r_i r_{i-j} over the 2d
+    positions i (indices mod 2d; torch.roll's direction, as their code; the paper writes
+    r_i r_{i+j}, the same products in another order, so phi(q).phi(k) is the same). A feature is
+    non-zero only where both of its inputs have the matching signs, so the map is sparse and
+    non-negative, and its width 2 d nu is set by nu, not by the model. Shifts beyond d repeat
+    products (shift 2d - j holds those of shift j; shift d pairs relu(x_c) with relu(-x_c),
+    always 0), so nu <= d - 1 gives distinct features.
+    """
+    r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)  # (..., 2d)
+    return torch.cat([r * r.roll(j, dims=-1) for j in range(1, nu + 1)], dim=-1)  # (..., 2 d nu)
 
 
 def default_favor_features(d: int) -> int:
@@ -140,8 +159,11 @@ class Favor:
         return f"Favor(d={self.d}, m={self.m}, seed={self.seed}, orthogonal={self.orthogonal}, offset={self.offset_rule!r})"
 
 
-def feature_map(name: str, d: int, *, m: int | None = None, seed: int = 0):
-    """The feature map called ``name`` for inputs of dimension d (a callable, phi(x, is_query=...))."""
+def feature_map(name: str, d: int, *, m: int | None = None, seed: int = 0, nu: int = 1):
+    """The feature map called ``name`` for inputs of dimension d (a callable, phi(x, is_query=...));
+    m: FAVOR+'s feature count, nu: DPFP's number of shifts."""
+    if name == "dpfp":
+        return functools.partial(dpfp, nu=nu)
     if name == "identity":
         return identity
     if name == "elu1":
@@ -163,8 +185,10 @@ def draw_bytes(name: str, d: int, m: int | None = None) -> int:
     return 8 * (3 * blocks * d * d + 3 * m * d)
 
 
-def feature_dim(name: str, d: int, m: int | None = None) -> int:
+def feature_dim(name: str, d: int, m: int | None = None, nu: int = 1) -> int:
     """Output dimension of the feature map ``name`` on inputs of dimension d."""
+    if name == "dpfp":
+        return 2 * d * nu
     if name in ("identity", "elu1"):
         return d
     if name == "taylor":

@@ -1,4 +1,5 @@
-"""The language model: token embedding, pre-norm blocks (mixer + MLP), final norm, output head.
+"""The language model: token embedding, pre-norm blocks (mixer + MLP, or the mixer alone), final
+norm, output head.
 
 Read top to bottom: the config and its validation, the block, the model. The mixers (one
 module per family under harness/layers/) own their projections, feature maps, gates and
@@ -24,6 +25,7 @@ FORMS = ("chunk", "parallel", "recurrent")
 GATES = ("scalar", "per_dim")
 FAVOR_REDRAW = ("never", "step")
 POS_EMBS = ("none", "learned")
+RULES = ("delta", "additive")
 
 
 def open_mapping():
@@ -62,6 +64,10 @@ class ModelConfig:
     favor_redraw: str = "never"  # never | step (redraw the random features every training step)
     gate: str = "scalar"  # mamba: scalar (Mamba-2, per head) | per_dim (GLA, per key dimension)
     mamba_heads: int = 4  # mamba: decay heads per q/k head (Mamba-2's heads sharing B and C), each its own dt, A
+    retnet_heads: int = 4  # retnet: decay heads per q/k head, each its own gamma over its own slice of v
+    dpfp_nu: int = 1  # dpfp: shifts of the rolled products; 2 d nu features (Schlag et al. 2021 use 1, 2, 3)
+    rule: str = "delta"  # deltanet, gated_deltanet: delta | additive (the same layer without the delta term)
+    mlp: bool = True  # false: blocks of the sequence mixer alone, x + mixer(norm(x)) (Zoology's MQAR configs)
     dropout: float = 0.0
     norm: str = "layernorm"  # block norms: layernorm | rmsnorm
     tie_embeddings: bool = False  # share the input embedding with the output head
@@ -81,7 +87,8 @@ def validate(cfg: ModelConfig) -> None:
         key = next(iter(cfg.options))
         raise ValueError(f"model.options.{key}: the built-in mixer {cfg.name!r} takes no options "
                          "(its settings are model.* keys); model.options is for outside mixers")
-    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_heads"):
+    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_heads",
+                  "retnet_heads", "dpfp_nu"):
         checks.integer(f"model.{field}", getattr(cfg, field))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
     checks.integer("model.favor_features", cfg.favor_features, nullable=True)
@@ -94,8 +101,12 @@ def validate(cfg: ModelConfig) -> None:
     checks.choice("model.gate", cfg.gate, GATES)
     checks.choice("model.favor_redraw", cfg.favor_redraw, FAVOR_REDRAW)
     checks.choice("model.norm", cfg.norm, NORMS)
+    checks.choice("model.rule", cfg.rule, RULES)
+    if cfg.rule != "delta" and not getattr(registry.resolve(cfg.name), "takes_rule", False):
+        checks.fail("model.rule", f"delta for model.name={cfg.name} (the additive control is deltanet's and "
+                    "gated_deltanet's)", cfg.rule)
     checks.choice("model.pos_emb", cfg.pos_emb, POS_EMBS, nullable=True)
-    for field in ("short_conv", "tie_embeddings"):
+    for field in ("short_conv", "tie_embeddings", "mlp"):
         checks.boolean(f"model.{field}", getattr(cfg, field))
     checks.boolean("model.rotary", cfg.rotary, nullable=True)
     checks.boolean("model.normalize", cfg.normalize, nullable=True)
@@ -118,20 +129,23 @@ def mixer_output(out) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x)); with model.mlp=false
+    the mixer alone (Zoology's MQAR models: its recall is then the mixer's, not an MLP's)."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.norm1 = make_norm(cfg.norm, cfg.d_model)
         self.mixer = registry.build(cfg, layer_idx)
-        self.norm2 = make_norm(cfg.norm, cfg.d_model)
-        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout)
+        self.norm2 = make_norm(cfg.norm, cfg.d_model) if cfg.mlp else None
+        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout) if cfg.mlp else None
         self.dropout = nn.Dropout(cfg.dropout)
         self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         x = self.hook_resid_mid(x + self.dropout(mixer_output(self.mixer(self.norm1(x)))))
-        return self.hook_resid_post(x + self.mlp(self.norm2(x)))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return self.hook_resid_post(x)
 
 
 class LanguageModel(nn.Module):

@@ -219,7 +219,7 @@ def test_user_config_groups_through_the_search_path(tmp_path):
     pre-check and by the run."""
     conf = tmp_path / "my_conf" / "model"
     conf.mkdir(parents=True)
-    (conf / "dpfp.yaml").write_text(textwrap.dedent("""\
+    (conf / "my_dpfp.yaml").write_text(textwrap.dedent("""\
         defaults:
           - model_schema
 
@@ -228,7 +228,7 @@ def test_user_config_groups_through_the_search_path(tmp_path):
           nu: 1
         """))
     out = tmp_path / "run"
-    proc = cli([f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "model=dpfp", "trainer=debug", "logger=none",
+    proc = cli([f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "model=my_dpfp", "trainer=debug", "logger=none",
                 f"out_dir={out}"], cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     res = results(out)

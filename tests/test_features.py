@@ -133,8 +133,78 @@ def test_feature_map_registry():
     f = features.feature_map("favor", 4, m=9, seed=3)
     assert isinstance(f, features.Favor) and f.m == 9 and f.seed == 3
     assert features.feature_dim("identity", 4) == features.feature_dim("elu1", 4) == 4
+    assert features.feature_map("dpfp", 4, nu=2)(torch.ones(4)).shape == (16,)
     for bad in (lambda: features.feature_map("relu", 4), lambda: features.feature_dim("relu", 4)):
         with pytest.raises(ValueError, match="unknown feature map"):
             bad()
     with pytest.raises(ValueError, match="offset"):
         features.Favor(4, offset="max")
+
+
+def naive_dpfp(x: torch.Tensor, nu: int) -> torch.Tensor:
+    """Schlag, Irie & Schmidhuber (2021), entry by entry: r = [relu(x), relu(-x)], and for shift
+    j = 1 .. nu and position i of 2d the product r_i r_{(i - j) mod 2d}, blocks in order of j."""
+    rows = []
+    for vec in x.reshape(-1, x.shape[-1]).tolist():
+        r = [max(c, 0.0) for c in vec] + [max(-c, 0.0) for c in vec]
+        rows.append([r[i] * r[(i - j) % len(r)] for j in range(1, nu + 1) for i in range(len(r))])
+    return torch.tensor(rows, dtype=x.dtype).reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("nu", [1, 2, 3])
+def test_dpfp_matches_the_paper_entry_by_entry(nu):
+    g = torch.Generator().manual_seed(nu)
+    x, y = torch.randn(3, 4, 7, generator=g, dtype=F64), torch.randn(3, 4, 7, generator=g, dtype=F64)
+    phi = features.feature_map("dpfp", 7, nu=nu)
+    assert phi(x).shape == (3, 4, 2 * 7 * nu) and features.feature_dim("dpfp", 7, nu=nu) == 2 * 7 * nu
+    torch.testing.assert_close(phi(x), naive_dpfp(x, nu), rtol=0, atol=0)
+    assert torch.equal(phi(x, is_query=True), phi(x))  # queries and keys share the map
+    assert (phi(x) >= 0).all()
+    # the paper's own indexing, r_i r_{i+j}, orders each block differently but gives the same kernel
+    rx, ry = (torch.cat([t.clamp(min=0), (-t).clamp(min=0)], -1) for t in (x, y))
+    paper = sum((rx * rx.roll(-j, -1) * ry * ry.roll(-j, -1)).sum(-1) for j in range(1, nu + 1))
+    torch.testing.assert_close((phi(x) * phi(y)).sum(-1), paper, rtol=0, atol=1e-12)
+    # a feature is non-zero only where both of its inputs have the matching signs
+    r = torch.cat([x.clamp(min=0), (-x).clamp(min=0)], -1)
+    assert torch.equal(phi(x)[..., : 14] > 0, (r > 0) & (r.roll(1, -1) > 0))
+
+
+def naive_dpfp_kernel_dim(d: int, nu: int) -> float:
+    """E|phi(k)|^4 / E (phi(k).phi(k'))^2 for N(0, 1) coordinates, over every pair of features:
+    each expectation the product over coordinates of E prod relu(+-x_c)^power (the half moments
+    of |x|: E relu(x)^p = E|x|^p / 2), no symmetry used."""
+    half = {1: 1 / math.sqrt(2 * math.pi), 2: 0.5, 3: math.sqrt(2 / math.pi), 4: 1.5}
+    inputs = [(i % d, 1 if i < d else -1) for i in range(2 * d)]  # (coordinate, sign) of r_i
+    feats = [(inputs[i], inputs[(i - j) % (2 * d)]) for j in range(1, nu + 1) for i in range(2 * d)]
+
+    def moment(factors, power):
+        total = 1.0
+        for c in range(d):
+            signs = [s for (cc, s) in factors if cc == c]
+            if len(set(signs)) > 1:
+                return 0.0  # relu(x) relu(-x) = 0
+            if signs:
+                total *= half[power * len(signs)]
+        return total
+
+    m4 = sum(moment(f + g, 2) for f in feats for g in feats)
+    m2 = sum(moment(f + g, 1) ** 2 for f in feats for g in feats)
+    return m4 / m2
+
+
+def test_dpfp_kernel_dimension():
+    """theory.dpfp_effective_dim against the pair-by-pair expectation and against sampled keys."""
+    from harness.measure import theory
+
+    for d, nu in [(2, 1), (5, 2), (6, 3)]:
+        assert theory.kernel_effective_dim(f"dpfp{nu}", d) == pytest.approx(naive_dpfp_kernel_dim(d, nu), rel=1e-12)
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(100_000, 6, generator=g, dtype=F64) for _ in range(2))
+    px, py = features.dpfp(x, 2), features.dpfp(y, 2)
+    sampled = float(((px * px).sum(-1) ** 2).mean() / ((px * py).sum(-1) ** 2).mean())
+    assert theory.dpfp_effective_dim(6, 2) == pytest.approx(sampled, rel=0.06)  # heavy tails: 100k draws
+    # sparse but positive: far above elu+1's ~2, and saturating with d (the features' shared mean)
+    assert theory.dpfp_effective_dim(512, 1) < (2 * math.pi) ** 4 / 16 < theory.dpfp_effective_dim(512, 1) * 1.1
+    assert theory.dpfp_effective_dim(64, 1) < theory.dpfp_effective_dim(64, 2) < theory.dpfp_effective_dim(64, 3)
+    with pytest.raises(ValueError, match="1 <= nu < d"):
+        theory.dpfp_effective_dim(4, 4)

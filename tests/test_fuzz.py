@@ -56,7 +56,7 @@ JUNK = ["abc", "1.5", "-1", "0", "1e309", "nan", "-inf", "[]", "[1,2]", "[a,b]",
         "true", "${oc.env:HOME}", "${nope}", "${task.seq_len}", "a=b", "'quoted'", '"', "[1,", "x y", "%",
         ",", "1_000", "9" * 30, "-0.0", "[[1]]", "\\\\", "😀", "cuda:99", "elu", "task"]
 GROUPS = {"task": [*TASKS, "nope", "os.path", "harness.tasks.base", "json"],
-          "model": ["softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba", "nope",
+          "model": ["softmax", "linear", "elu", "favor", "taylor", "dpfp", "retnet", "mamba", "deltanet", "nope",
                     "torch.nn.Linear", "collections.OrderedDict"],
           "trainer": ["debug", "default", "nope"], "logger": ["none", "nope"],
           "+experiment": ["capacity", "snr", "mqar", "nope"]}
@@ -114,7 +114,7 @@ def _typed(key: str, kind) -> st.SearchStrategy:
         choices = {"device": ["cpu", "auto", "cuda", "tpu", "cuda:0"], "precision": ["fp32", "bf16", "fp8"],
                    "form": ["chunk", "parallel", "recurrent", "blocked"], "gate": ["scalar", "per_dim", "x"],
                    "norm": ["layernorm", "rmsnorm", "batchnorm"], "pos_emb": ["none", "learned", "rotary"],
-                   "favor_redraw": ["never", "step", "always"], "mode": ["train", "probe", "cost", "eval"],
+                   "favor_redraw": ["never", "step", "always"], "rule": ["delta", "additive", "hebbian"], "mode": ["train", "probe", "cost", "eval"],
                    "name": ["elu", "none", "wandb", "nope", "a.b.C"], "mode_logger": ["offline", "disabled"],
                    "forms": ["parallel", "chunk", "recurrent", "bogus"], "resume": ["/nonexistent", "."]}
         return st.sampled_from(choices.get(name, ["x", "abc", "a/b", "tag", "a" * 200]))

@@ -147,22 +147,28 @@ def tiny_model(name: str, **kw) -> LanguageModel:
     return LanguageModel(cfg, 24, 64).double().eval()
 
 
-@pytest.mark.parametrize("name", [*builtin_names(), "mamba-per_dim"])
-def test_effective_weights_reproduce_the_read_out(name):
+@pytest.mark.parametrize("variant", [*builtin_names(), "mamba-gate=per_dim", "retnet-retnet_heads=4",
+                                     "deltanet-rule=additive", "gated_deltanet-rule=additive", "dpfp-dpfp_nu=3"])
+def test_effective_weights_reproduce_the_read_out(variant):
     """sum_j a_ij v_j over the hooked v equals what the op returned (hook_out)."""
-    name, _, gate = name.partition("-")
-    model = tiny_model(name, gate=gate or "scalar", mamba_heads=1)
+    name, _, setting = variant.partition("-")
+    kw = dict(mamba_heads=1, retnet_heads=1)  # one decay head per q/k head unless the variant asks
+    if setting:
+        key, value = setting.split("=")
+        kw[key] = int(value) if value.isdigit() else value
+    model = tiny_model(name, **kw)
+    heads = 2 * (kw["retnet_heads"] if name == "retnet" else 1)  # each decay head is a head of a_ij
     x = torch.randint(1, 24, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), capture(model) as cache:
         model(x)
     for layer, mixer in enumerate(model.mixers()):
         hooks = mixer_hooks(mixer, cache, f"layers.{layer}.mixer.")
         a = mixer.effective_weights(hooks)
-        assert a.shape == (2, 2, 20, 20)
+        assert a.shape == (2, heads, 20, 20)
         assert torch.allclose(a @ hooks["v"], hooks["out"], rtol=0, atol=1e-10)
         rows = torch.tensor([3, 7, 19])
         part = mixer.effective_weights(hooks, rows=rows)  # built for those rows alone: O(R T)
-        assert part.shape == (2, 2, 3, 20)
+        assert part.shape == (2, heads, 3, 20)
         torch.testing.assert_close(part, a[:, :, rows], rtol=0, atol=1e-13)
         assert torch.allclose(part @ hooks["v"], hooks["out"][:, :, rows], rtol=0, atol=1e-10)
 
@@ -288,7 +294,7 @@ def test_measurement_streamed_over_examples_is_the_single_pass():
         return {k: v for k, v in row.items() if isinstance(v, (int, float))}
 
     assert numbers(whole["summary"]) == pytest.approx(numbers(streamed["summary"]), rel=1e-12, nan_ok=True)
-    assert len(whole["heads"]) == len(streamed["heads"]) == 2 * 2 * 2
+    assert len(whole["heads"]) == len(streamed["heads"]) == 2 * 8 * 2  # layers x decay heads x N
     for a, b in zip(whole["heads"], streamed["heads"]):
         assert numbers(a) == pytest.approx(numbers(b), rel=1e-12, nan_ok=True)
 

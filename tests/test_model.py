@@ -14,7 +14,7 @@ from harness.layers import builtin_names, resolve
 from harness.model import LanguageModel, ModelConfig, validate
 
 VOCAB, MAX_T = 20, 32
-LINEAR_FAMILIES = ["linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet", "gated_deltanet"]
+LINEAR_FAMILIES = ["linear", "elu", "favor", "taylor", "dpfp", "retnet", "mamba", "deltanet", "gated_deltanet"]
 
 # Every mixer once, plus the options that change its computation.
 VARIANTS = [
@@ -33,6 +33,12 @@ VARIANTS = [
     # the kernel mixers' other denominator policy (linear divides, elu does not)
     dict(name="linear", normalize=True),
     dict(name="elu", normalize=False),
+    dict(name="dpfp", dpfp_nu=3),
+    dict(name="retnet", retnet_heads=1),  # one decay head per q/k head (RetNet's own layout)
+    # the controls: the same layers without the delta term
+    dict(name="deltanet", rule="additive"),
+    dict(name="gated_deltanet", rule="additive"),
+    dict(name="elu", mlp=False),  # mixer-only blocks
 ]
 
 
@@ -106,7 +112,9 @@ def test_causal(variant):
 @pytest.mark.parametrize(
     "variant",
     [*[dict(name=n) for n in LINEAR_FAMILIES], dict(name="mamba", gate="per_dim"), dict(name="retnet", rotary=True),
-     dict(name="mamba", mamba_heads=2), dict(name="linear", normalize=True)],
+     dict(name="mamba", mamba_heads=2), dict(name="linear", normalize=True), dict(name="dpfp", dpfp_nu=2),
+     dict(name="retnet", retnet_heads=2, qk_dim=4), dict(name="deltanet", rule="additive"),
+     dict(name="gated_deltanet", rule="additive")],
     ids=variant_id,
 )
 def test_forms_agree(variant):
@@ -164,10 +172,17 @@ def test_key_dimension_and_state_accounting():
     assert build(name="taylor").d_key == 1 + d + d * d
     assert build(name="favor", favor_features=12).d_key == 12
     assert build(name="retnet").d_key == d
+    assert [build(name="dpfp", dpfp_nu=nu).d_key for nu in (1, 2, 3)] == [2 * d, 4 * d, 6 * d]
+    for m in (64, 128, 256, 512, 1000):  # Schlag et al.'s FAVOR+ feature counts at d = 64, and one off the blocks
+        favor = resolve("favor")(ModelConfig(name="favor", d_model=64, favor_features=m), 0)
+        assert favor.d_key == favor.phi.weights.shape[0] == m and favor.state_size() == m * 64 + m
     layers_heads = 2 * 2
-    for name, normalize in [("elu", True), ("taylor", True), ("retnet", False), ("mamba", False),
-                            ("deltanet", False), ("gated_deltanet", False)]:
-        model = build(name=name)
+    for name, normalize, kw in [("elu", True, {}), ("taylor", True, {}), ("dpfp", True, {}),
+                                ("dpfp", True, {"dpfp_nu": 3}), ("retnet", False, {}),
+                                ("retnet", False, {"retnet_heads": 1}), ("mamba", False, {}),
+                                ("deltanet", False, {}), ("gated_deltanet", False, {}),
+                                ("deltanet", False, {"rule": "additive"})]:
+        model = build(name=name, **kw)
         assert model.state_size() == layers_heads * ops.state_elements(model.d_key, d, normalize=normalize)
         assert model.state_size(10) == model.state_size(1000)  # fixed-size states
     softmax = build(name="softmax")
@@ -228,9 +243,108 @@ def test_delta_rule_starts_with_weak_equal_writes_and_an_open_gate(name):
 
 
 def test_retnet_initialisation():
+    """gamma_h = 1 - 2^(-5-h) over every decay head of the layer: 4 q/k heads of 4 decay heads
+    give 16 horizons, one q/k head of one decay head (RetNet's own layout at n_heads=1) one."""
     retnet = LanguageModel(ModelConfig(name="retnet", d_model=16, n_heads=4), VOCAB, MAX_T).layers[0].mixer
     gammas = torch.exp(retnet.log_gamma)
-    assert torch.allclose(gammas, 1 - 2.0 ** (-5 - torch.arange(4, dtype=torch.float64)))
+    assert torch.allclose(gammas, 1 - 2.0 ** (-5 - torch.arange(16, dtype=torch.float64)))
+    single = LanguageModel(ModelConfig(name="retnet", d_model=16, retnet_heads=1), VOCAB, MAX_T).layers[0].mixer
+    assert torch.allclose(torch.exp(single.log_gamma), torch.tensor([1 - 2.0**-5], dtype=torch.float64))
+
+
+def test_retnet_decay_heads_share_q_and_k_and_spread_their_horizons():
+    """model.retnet_heads decay heads per q/k head, each with its own gamma over its own slice of v
+    (Mamba-2's layout): one q/k head still has four horizons, 32 to 256 tokens."""
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(name="retnet", d_model=32, n_heads=1, n_layers=1), VOCAB, MAX_T).eval()
+    mixer = model.layers[0].mixer
+    assert mixer.per_group == mixer.heads_per_readout == 4 and mixer.decay_head_dim == 8
+    horizons = 1 / (1 - torch.exp(mixer.log_gamma))
+    assert torch.allclose(horizons, torch.tensor([32.0, 64.0, 128.0, 256.0], dtype=torch.float64))
+    with torch.no_grad(), capture(model) as cache:
+        model(tokens(T=12))
+    q, k, v = (cache[f"layers.0.mixer.hook_{n}"] for n in ("q", "k", "v"))
+    assert q.shape == (2, 4, 12, 32) and v.shape == (2, 4, 12, 8)
+    assert torch.equal(q[:, 0], q[:, 3]) and torch.equal(k[:, 0], k[:, 2])  # one q/k head for all
+    assert torch.allclose(cache["layers.0.mixer.hook_log_decay"][0, :, 0], mixer.log_gamma.float())
+    assert model.state_size() == ops.state_elements(32, 32, normalize=False)  # the split keeps the state
+    assert model.num_params() == LanguageModel(ModelConfig(name="retnet", d_model=32, n_layers=1, retnet_heads=1),
+                                               VOCAB, MAX_T).num_params()  # the norm is split, not grown
+    with pytest.raises(ValueError, match="model.retnet_heads=3 must divide the head width"):
+        build(name="retnet", retnet_heads=3)
+    build(name="elu", retnet_heads=3)  # only retnet's own requirement
+
+
+def test_dpfp_is_normalised_kernel_attention_through_the_dpfp_map():
+    """The built-in DPFP: hook_q / hook_k are features.dpfp of the raw q / k, read as elu+1 is
+    (divided by phi(q).z), with the kernel name the theory knows for its nu."""
+    from harness import features
+
+    model = build(name="dpfp", dtype=torch.float64, dpfp_nu=2)
+    mixer = model.layers[0].mixer
+    assert mixer.normalize and mixer.kernel == "dpfp2" and mixer.d_key == 2 * 8 * 2
+    with torch.no_grad(), capture(model) as cache:
+        model(tokens())
+    q_raw, q = cache["layers.0.mixer.hook_q_raw"], cache["layers.0.mixer.hook_q"]
+    assert torch.equal(q, features.dpfp(q_raw, 2))
+    k, v = cache["layers.0.mixer.hook_k"], cache["layers.0.mixer.hook_v"]
+    o = ops.naive_linear_attention(q, k, v, normalize=True, eps=mixer.eps)
+    torch.testing.assert_close(cache["layers.0.mixer.hook_out"], o, rtol=0, atol=1e-12)
+    for nu, message in [(0, "model.dpfp_nu must be a positive integer"), (8, "model.dpfp_nu=8 must be below")]:
+        with pytest.raises(ValueError, match=message):
+            build(name="dpfp", dpfp_nu=nu)
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
+def test_additive_rule_is_the_same_layer_without_the_delta_term(name):
+    """model.rule=additive: the same parameters (a delta-rule model's state_dict loads into it),
+    the same q, k, v, beta and decay, and S_t = a_t S_{t-1} + k_t (beta_t v_t)^T in place of the
+    delta rule, by the naive loop of the decayed additive state."""
+    delta, additive = build(name=name, dtype=torch.float64), build(name=name, dtype=torch.float64, rule="additive")
+    additive.load_state_dict(delta.state_dict())  # identical parameters: nothing else changed
+    mixer = additive.layers[0].mixer
+    assert mixer.core == ("linear" if name == "deltanet" else "decay_scalar")
+    assert mixer.family == ("linear" if name == "deltanet" else "decay") and delta.layers[0].mixer.family == "delta"
+    x = tokens()
+    with torch.no_grad(), capture(delta, names="layers.0.") as cd, capture(additive, names="layers.0.") as ca:
+        delta(x), additive(x)
+    for hook in ("hook_q", "hook_k", "hook_v", "hook_beta", "hook_log_decay"):
+        key = f"layers.0.mixer.{hook}"
+        assert (key in cd) == (key in ca) == (hook != "hook_log_decay" or name == "gated_deltanet")
+        if key in cd:
+            assert torch.equal(cd[key], ca[key]), hook  # the same layer up to the state update
+    q, k, v, beta = (ca[f"layers.0.mixer.hook_{n}"] for n in ("q", "k", "v", "beta"))
+    log_decay = ca.get("layers.0.mixer.hook_log_decay", torch.zeros_like(beta))
+    o = ops.naive_decay_attention(q, k, v * beta.unsqueeze(-1), log_decay)
+    torch.testing.assert_close(ca["layers.0.mixer.hook_out"], o, rtol=0, atol=1e-12)
+    assert not torch.allclose(cd["layers.0.mixer.hook_out"], o)  # the delta rule does differ
+    with pytest.raises(ValueError, match=r"model.rule must be delta for model.name=elu"):
+        build(name="elu", rule="additive")
+    with pytest.raises(ValueError, match="unknown model.rule 'hebbian'"):
+        build(name=name, rule="hebbian")
+
+
+def test_mixer_only_blocks():
+    """model.mlp=false: x + mixer(norm(x)) and nothing else; the parameter count from the config
+    (harness.train.memory.param_count) follows the model's."""
+    from harness.train.memory import param_count
+
+    full, bare = build(name="elu"), build(name="elu", mlp=False)
+    assert bare.layers[0].mlp is None and bare.layers[0].norm2 is None
+    block = full.layers[0]
+    assert full.num_params() - bare.num_params() == 2 * sum(p.numel() for m in (block.mlp, block.norm2)
+                                                            for p in m.parameters())
+    x = torch.randn(2, 7, 16)
+    b = bare.layers[0]
+    with torch.no_grad():
+        torch.testing.assert_close(b(x), x + b.mixer(b.norm1(x)))
+    # the estimate from the config drops exactly the MLPs and their norms
+    assert (param_count(tiny(name="elu"), VOCAB, MAX_T) - param_count(tiny(name="elu", mlp=False), VOCAB, MAX_T)
+            == full.num_params() - bare.num_params())
+    cfg = ModelConfig(name="retnet", mlp=False)  # the default width, Zoology's mixer-only blocks
+    assert param_count(cfg, 256, 64) == pytest.approx(LanguageModel(cfg, 256, 64).num_params(), rel=0.01)
+    with pytest.raises(ValueError, match="model.mlp must be true or false"):
+        build(name="elu", mlp="no")
 
 
 def test_mamba_decay_heads_share_q_and_k_and_spread_their_timescales():
@@ -301,9 +415,10 @@ def test_retnet_decay_sets_one_gamma_for_every_head():
         model = LanguageModel(tiny(name="retnet", n_heads=4, **kw), VOCAB, MAX_T)
         return model.layers[0].mixer.log_gamma
 
-    assert torch.equal(log_gamma(decay=0.9), torch.full((4,), math.log(0.9), dtype=torch.float64))
+    assert torch.equal(log_gamma(decay=0.9, retnet_heads=1), torch.full((4,), math.log(0.9), dtype=torch.float64))
+    assert torch.equal(log_gamma(decay=0.9), torch.full((16,), math.log(0.9), dtype=torch.float64))  # every decay head
     h = torch.arange(4, dtype=torch.float64)
-    assert torch.allclose(log_gamma(), torch.log1p(-(2.0 ** (-5 - h))))
+    assert torch.allclose(log_gamma(retnet_heads=1), torch.log1p(-(2.0 ** (-5 - h))))
 
 
 def test_rotary_is_opt_in_and_softmax_defaults_to_learned_positions():
@@ -347,8 +462,8 @@ def test_sequence_longer_than_max_raises():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(name="gpt"), "unknown model.name 'gpt'; valid: deltanet, elu, favor, gated_deltanet, linear, mamba, "
-                           "retnet, softmax, swa, taylor, or a dotted path"),
+        (dict(name="gpt"), "unknown model.name 'gpt'; valid: deltanet, dpfp, elu, favor, gated_deltanet, linear, "
+                           "mamba, retnet, softmax, swa, taylor, or a dotted path"),
         (dict(d_model=30, n_heads=4), r"model.n_heads must be a divisor of model.d_model=30, got 4"),
         (dict(d_model=0), "model.d_model must be a positive integer, got 0"),
         (dict(n_layers=-1), "model.n_layers must be a positive integer"),

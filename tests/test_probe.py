@@ -76,12 +76,22 @@ def test_decayed_memories_match_model():
     reads, theory.aggregate_pairs), while accuracy falls to about the recent pairs / N; the
     per-read prediction follows it (tolerance as for the identity map)."""
     rows = probe.run_probe(["retnet", "mamba"], [64], [64, 512, 4096], min_queries=4096, progress=False)
-    for r in rows:
+    single = probe.run_probe(["retnet"], [64], [64, 4096], min_queries=4096, progress=False,
+                             options={"retnet_heads": 1})  # one decay head: gamma = 1 - 2^-5 alone
+    for r in rows + single:
         assert r["snr_measured"] == pytest.approx(r["snr_predicted"], rel=0.05)
         assert abs(r["acc_predicted"] - r["acc_measured"]) <= 0.04, r
+    gamma2 = torch.exp(2 * retnet_log_gammas(4))  # per decay head
+
+    def held(n):  # pairs held at full weight after n writes: sum_t gamma^(2t), per decay head
+        return (1 - gamma2**n) / (1 - gamma2)
+
+    assert single[-1]["n_state"] == pytest.approx(float(held(4096)[0]), rel=1e-3)  # ~16 pairs
     retnet = [r for r in rows if r["model"] == "retnet"]
-    gamma = math.exp(float(retnet_log_gammas(1)[0]))
-    assert retnet[-1]["n_state"] == pytest.approx(1 / (1 - gamma**2), rel=1e-3)  # ~16 pairs held
+    # N = 64 pools 64 states, 16 per decay head: its horizons averaged; N = 4096 reads one state of one head
+    assert retnet[0]["n_state"] == pytest.approx(float(held(64).mean()), rel=1e-3)
+    assert any(retnet[-1]["n_state"] == pytest.approx(float(h), rel=1e-3) for h in held(4096))
+    assert retnet[0]["acc_measured"] > single[0]["acc_measured"] + 0.1  # the slower heads hold more
     assert retnet[-1]["acc_measured"] < 0.05 < retnet[0]["acc_measured"]
     assert all(r["log_decay_mean"] < 0 for r in rows)
 
@@ -136,6 +146,41 @@ def test_what_the_delta_rule_buys_over_the_additive_state():
         assert by["deltanet", n]["acc_kernel"] == pytest.approx(by["linear", n]["acc_predicted"], abs=1e-9)
 
 
+def test_dpfp_memories_track_their_feature_count():
+    """DPFP (Schlag et al. 2021): 2 d nu features; its sparse positive features keep far more of
+    the identity map's SNR than elu+1 and recall more as nu grows; the measured SNR sits 15-25%
+    below theory.dpfp_effective_dim's kernel prediction (N(0, 1) coordinates at d = 32): the
+    normaliser phi(q).z weights the reads of the ratio of means unequally."""
+    rows = [r for nu in (1, 2, 3) for r in probe.run_probe(["dpfp"], [32], [64, 256], candidates=256,
+                                                            progress=False, options={"dpfp_nu": nu})]
+    elu = {r["n"]: r for r in probe.run_probe(["elu"], [32], [64, 256], candidates=256, progress=False)}
+    assert [r["d_eff"] for r in rows] == [64, 64, 128, 128, 192, 192]
+    for r in rows:
+        assert 0.7 * r["snr_kernel"] < r["snr_measured"] < r["snr_kernel"], r
+        assert r["snr_measured"] > 3 * elu[r["n"]]["snr_measured"]
+    for n in (64, 256):
+        accs = [r["acc_measured"] for r in rows if r["n"] == n]
+        assert accs == sorted(accs) and accs[0] > elu[n]["acc_measured"] + 0.15
+
+
+def test_additive_control_is_the_linear_memory_of_unit_keys():
+    """model.rule=additive writes the same unit keys with beta = 1 but adds: the plain linear
+    memory's law sqrt(d / N), not the delta rule's; gated, its SNR keeps the law while recall
+    falls with the decay, as RetNet's and Mamba's."""
+    opts = {"rule": "additive"}
+    add = {r["n"]: r for r in probe.run_probe(["deltanet"], [64], [16, 256], min_queries=4096, progress=False,
+                                              options=opts)}
+    delta = {r["n"]: r for r in probe.run_probe(["deltanet"], [64], [16, 256], min_queries=4096, progress=False)}
+    for n, r in add.items():
+        assert r["snr_measured"] == pytest.approx(math.sqrt(64 / (n - 1)), rel=0.05)
+        assert abs(r["acc_predicted"] - r["acc_measured"]) <= 0.04
+    assert delta[16]["snr_measured"] > 1.25 * add[16]["snr_measured"]
+    assert delta[256]["acc_measured"] < add[256]["acc_measured"] - 0.3
+    gated = probe.probe_row("gated_deltanet", 64, 256, min_queries=4096, options=opts)
+    assert gated["snr_measured"] == pytest.approx(gated["snr_predicted"], rel=0.05)
+    assert gated["acc_measured"] < add[256]["acc_measured"] and gated["log_decay_mean"] < 0
+
+
 def test_sliding_window_holds_only_its_window():
     """swa keeps the last W = 32 pairs: past N = W only the reads of those recall (plus chance)."""
     rows = probe.run_probe(["swa"], [32], [16, 32, 128], candidates=256, min_queries=2048, progress=False)
@@ -169,7 +214,7 @@ def _dense_reference(model, d, n, seed=0):
     return (keys, V, idx, book), signal.square().sum(-1), (o - signal).square().sum(-1), o
 
 
-@pytest.mark.parametrize("model", ["linear", "elu", "favor", "taylor"])
+@pytest.mark.parametrize("model", ["linear", "elu", "favor", "taylor", "dpfp"])
 def test_state_read_matches_dense_weights(model):
     (keys, V, idx, book), sig2, noise2, o = _dense_reference(model, 16, 50)
     memory = probe._memory(model, 16, 0)
@@ -278,3 +323,17 @@ def test_default_grid_and_validation():
     book = probe.codebook(64, 16, 0)
     assert book.mean(0).norm() < 1e-9
     torch.testing.assert_close(book.norm(dim=-1), torch.ones(64, dtype=torch.float64))
+
+
+def test_probe_mode_passes_a_builtin_mixers_settings(tmp_path):
+    """mode=probe model=dpfp model.dpfp_nu=2: probe_memory takes model.* settings by name (as an
+    outside mixer's take model.options), so the probed map is the configured one."""
+    import json
+
+    from harness.config.compose import compose_config
+    from harness.run.job import run_job
+
+    run_job(compose_config(["mode=probe", "model=dpfp", "model.dpfp_nu=2", "probe.d=[8]", "probe.n=[16]",
+                            "logger=none", "trainer.progress=false", f"out_dir={tmp_path}"]))
+    (row,) = json.loads((tmp_path / "results.json").read_text())["probe"]
+    assert row["d_eff"] == 2 * 8 * 2 and row["d_kernel"] == pytest.approx(theory.dpfp_effective_dim(8, 2))

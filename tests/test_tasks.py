@@ -210,11 +210,89 @@ def test_recall_eval_settings_and_max_len():
     (dict(filler="noise"), r"unknown filler 'noise'; valid: zero, random"),
     (dict(filler="random", filler_rate=1.5), r"filler_rate must be in \[0, 1\], got 1.5"),
     (dict(num_pairs=2.5), r"num_pairs must be an integer"),
+    (dict(mixture=[[64, 4], [32, 16]]), r"2\*num_pairs \+ num_queries = 48 exceeds mixture\[1\] seq_len=32"),
+    (dict(mixture=[[512, 200]]), r"mixture\[0\] num_pairs=200 distinct keys do not fit in the key half"),
+    (dict(mixture=[[64, 4], [128]]), r"mixture\[1\] must be \[seq_len, num_pairs\] or \[seq_len, num_pairs, weight\]"),
+    (dict(mixture=[[64, 4, 0]]), r"mixture\[0\] weight must be > 0, got 0"),
+    (dict(mixture=[[64, 4.5]]), r"mixture\[0\] num_pairs must be an integer"),
+    (dict(mixture="64,4"), r"mixture must be a list of \[seq_len, num_pairs\]"),
 ])
 def test_recall_validation(kwargs, message):
     with pytest.raises(ValueError, match=message) as err:
         recall.validate(recall.Config(**kwargs))
     assert "\n" not in str(err.value)
+
+
+# the training mixture (Based / Zoology's frontier)
+
+MIXTURE = [[16, 2], [32, 4, 2], [48, 8]]  # distinct N, so each example's setting reads off its labels
+
+
+def _mixture_rows(batch):
+    """Each example's (seq_len, num_pairs) from its labels' N (MIXTURE's N are distinct)."""
+    length = {n: t for t, n, *_ in MIXTURE}
+    n = batch.slice_value.amax(dim=1)  # (B,)
+    return [(length[int(x)], int(x)) for x in n]
+
+
+def test_recall_mixture_draws_settings_and_pads_each_example_after_its_labels():
+    cfg = recall.Config(vocab_size=64, mixture=MIXTURE)
+    recall.validate(cfg)
+    batch = recall.make_batch(cfg, 600, seed=0)
+    _check_common(batch, "num_pairs")
+    assert batch.inputs.shape == (600, 48)  # the mixture's longest length
+    rows = _mixture_rows(batch)
+    counts = {n: sum(1 for _, m in rows if m == n) for _, n, *_ in MIXTURE}
+    assert abs(counts[4] / 600 - 0.5) < 0.07 and abs(counts[2] / 600 - 0.25) < 0.07  # weights 1 : 2 : 1
+    for i, (t, n) in enumerate(rows):
+        lab = batch.label_mask[i]
+        assert lab.sum() == n and not lab[:2 * n].any() and not lab[t:].any()  # Q = N queries inside T
+        assert (batch.inputs[i, t:] == PAD).all()  # right padding: PAD, no label
+        keys = batch.inputs[i, 0:2 * n:2]
+        assert ((keys >= 1) & (keys < 32)).all() and len(set(keys.tolist())) == n
+        assert (batch.inputs[i, 2 * n:t][~lab[2 * n:t]] == 0).all()  # the zero layout of its own length
+    # each setting's queries are drawn over its own length: the longest gaps reach its end
+    last = [int(batch.label_mask[i].nonzero().max()) for i, (t, n) in enumerate(rows) if n == 2]
+    assert max(last) > 10 and max(last) < 16
+    again = recall.make_batch(cfg, 600, seed=0)
+    assert torch.equal(batch.inputs, again.inputs) and torch.equal(batch.targets, again.targets)
+    assert not torch.equal(batch.inputs, recall.make_batch(cfg, 600, seed=1).inputs)
+
+
+def test_recall_mixture_settings_for_validation_and_test():
+    cfg = recall.Config(vocab_size=64, mixture=MIXTURE, test_seq_len=[64], test_num_pairs=[4, 16])
+    assert [(s.seq_len, s.num_pairs) for s in recall.val_settings(cfg)] == [(16, 2), (32, 4), (48, 8)]
+    assert [(s.seq_len, s.num_pairs) for s in recall.eval_settings(cfg)] == [(64, 4), (64, 16)]
+    assert all(s.mixture == [] for s in recall.val_settings(cfg) + recall.eval_settings(cfg))
+    assert recall.max_seq_len(cfg) == 64
+    plain = recall.Config()
+    assert recall.val_settings(plain) == recall.eval_settings(plain)  # without a mixture: the test settings
+    assert recall.make_batch(recall.val_settings(cfg)[0], 4, seed=0, split="val").inputs.shape == (4, 16)
+    from harness.train.loop import make_eval_sets
+    from types import SimpleNamespace
+
+    tr = SimpleNamespace(eval_examples=4)
+    assert [es.name for es in make_eval_sets(recall, cfg, tr, 0, torch.device("cpu"), split="val")] == [
+        "seq_len=16,num_pairs=2", "seq_len=32,num_pairs=4", "seq_len=48,num_pairs=8"]
+    assert [es.seq_len for es in make_eval_sets(recall, cfg, tr, 0, torch.device("cpu"))] == [64, 64]
+
+
+@pytest.mark.parametrize("name", ["softmax", "elu", "retnet", "deltanet"])
+def test_right_padding_leaves_a_causal_models_outputs_at_the_labels(name):
+    """The logits at an example's labelled positions are the same padded to the mixture's length
+    as cut to its own (float64: the shapes differ, so float32 would differ by rounding)."""
+    from harness.model import LanguageModel, ModelConfig
+
+    cfg = recall.Config(vocab_size=64, mixture=MIXTURE)
+    batch = recall.make_batch(cfg, 6, seed=2)
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(name=name, d_model=16, n_heads=2, chunk_size=8), 64, 48).double().eval()
+    with torch.no_grad():
+        padded = model(batch.inputs)
+        for i, (t, _) in enumerate(_mixture_rows(batch)):
+            own = model(batch.inputs[i:i + 1, :t])[0]
+            lab = batch.label_mask[i, :t]
+            torch.testing.assert_close(padded[i, :t][lab], own[lab], rtol=0, atol=1e-10)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from harness.config.compose import compose_config
 from harness.run.job import run_job
 
 TASKS = ["recall", "induction", "interference"]
-MODELS = ["softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet", "gated_deltanet", "swa"]
+MODELS = ["softmax", "linear", "elu", "favor", "taylor", "dpfp", "retnet", "mamba", "deltanet", "gated_deltanet", "swa"]
 
 
 def run(tmp_path, *overrides):

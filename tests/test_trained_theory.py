@@ -153,8 +153,9 @@ def test_measured_on_a_trained_run(tmp_path):
                                                                    for r in results["settings"]]))
 
 
-def test_heads_read_out_together_are_pooled():
-    """mamba's decay heads of one q/k group share one prediction: the group's pooled sums."""
+@pytest.mark.parametrize("name", ["mamba", "retnet"])
+def test_heads_read_out_together_are_pooled(name):
+    """mamba's and retnet's decay heads of one q/k head share one prediction: the group's pooled sums."""
     import torch
 
     from harness.measure.trained_theory import SUMS, pool_heads
@@ -172,7 +173,8 @@ def test_heads_read_out_together_are_pooled():
     from harness.model import LanguageModel, ModelConfig
 
     torch.manual_seed(0)
-    model = LanguageModel(ModelConfig(name="mamba", d_model=16, n_heads=1, n_layers=1), 24, 32).double()
+    model = LanguageModel(ModelConfig(name=name, d_model=16, n_heads=1, n_layers=1), 24, 32).double()
+    assert model.mixers()[0].heads_per_readout == 4
     batch = SimpleNamespace(inputs=torch.randint(1, 24, (3, 24), generator=g), slice_name="num_pairs",
                             target_pos=torch.full((3, 24), -1), targets=torch.full((3, 24), -100),
                             slice_value=torch.full((3, 24), -1))

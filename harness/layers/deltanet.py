@@ -8,6 +8,17 @@ log a_t = -exp(A_log_h) softplus(x_t W_a + b_dt), with Mamba-2's parameterisatio
 initialisation (harness.layers.mamba). The write strength is beta_t = sigmoid(x_t W_beta),
 one per head and token.
 
+The control (`model.rule=additive`): the same layer with the delta term removed,
+
+    S_t = a_t S_{t-1} + k_t (beta_t v_t)^T,   o_t = S_t^T q_t,
+
+with everything else as it is (projections, short convolution, silu and L2-normalised q and k,
+q scaled by d_qk^-1/2, beta, the decay of gated_deltanet, output norm and gate, initialisation).
+It runs on the additive cores (ops.linear_attention undivided for deltanet, ops.decay_attention
+for gated_deltanet: a decayed additive state), so a difference between the two rules is the
+rule's own. Its hooks are the delta rule's (hook_v the values, hook_beta the write strengths),
+and its effective weights carry beta: a_ij = beta_j q_i . (prod_{j<s<=i} a_s) k_j.
+
 As fla's DeltaNet / GatedDeltaNet layers: q, k and v projected and short-convolved (the Mixer
 base), q and k through silu and L2-normalised per head (so |k| = 1 and every step is a
 contraction), q scaled by d_qk^-1/2, and the read-out through a per-head RMSNorm and a silu
@@ -57,13 +68,16 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
 
 @register("deltanet")
 class DeltaNet(Mixer):
-    family = "delta"
-    core = "delta"
+    family = "delta"  # model.rule's default; an instance carries its rule's (families)
     kernel = "identity"
+    takes_rule = True  # model.rule applies (harness.model.validate)
+    cores = {"delta": "delta", "additive": "linear"}  # the harness.ops core of each rule
+    families = {"delta": "delta", "additive": "linear"}
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        self.form, self.chunk_size = config.form, config.chunk_size
+        self.form, self.chunk_size, self.rule = config.form, config.chunk_size, config.rule
+        self.family = self.families[self.rule]
         C, H = config.d_model, self.n_heads
         self.beta_proj = nn.Linear(C, H)
         self.gate_proj = nn.Linear(C, C)  # silu output gate
@@ -103,27 +117,52 @@ class DeltaNet(Mixer):
         v = self.hook_v(v)
         beta = self.hook_beta(torch.sigmoid(self.beta_proj(x)).transpose(1, 2))  # (B, H, T)
         log_decay = self.log_decay(x)
-        o = ops.delta_attention(q, k, v, beta, log_decay, form=self.form, chunk_size=self.chunk_size)  # (B, H, T, D)
+        if self.rule == "delta":
+            o = ops.delta_attention(q, k, v, beta, log_decay, form=self.form, chunk_size=self.chunk_size)  # (B, H, T, D)
+        else:
+            o = self.additive(q, k, v * beta.unsqueeze(-1).to(v.dtype), log_decay)  # (B, H, T, D)
         o = self.norm(self.hook_out(o))
         return self.out_proj(merge_heads(o) * F.silu(self.gate_proj(x)))
+
+    def additive(self, q, k, v, log_decay):
+        """The additive rule's read-out, v already scaled by beta: S_t = S_{t-1} + k_t v_t^T."""
+        return ops.linear_attention(q, k, v, form=self.form, causal=True, normalize=False, chunk_size=self.chunk_size)
+
+    @property
+    def core(self) -> str:
+        return self.cores[self.rule]
+
+    @classmethod
+    def core_for(cls, config) -> str:
+        """The harness.ops core of model.rule: the delta rule's, or the additive state's."""
+        return cls.cores[getattr(config, "rule", "delta")]
 
     def state_size(self, sequence_length: int = 2048) -> int:
         return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)
 
     def effective_weights(self, hooks, rows=None) -> torch.Tensor:
-        # (B, H, R, T)
-        return ops.delta_weights(hooks["q"], hooks["k"], hooks["beta"], hooks.get("log_decay"), rows=rows)
+        log_decay = hooks.get("log_decay")
+        if self.rule == "delta":
+            return ops.delta_weights(hooks["q"], hooks["k"], hooks["beta"], log_decay, rows=rows)  # (B, H, R, T)
+        if log_decay is None:
+            w = ops.linear_weights(hooks["q"], hooks["k"], causal=True, normalize=False, rows=rows)
+        else:
+            w = ops.decay_weights(hooks["q"], hooks["k"], log_decay, rows=rows)
+        return w * hooks["beta"].unsqueeze(-2).to(w.dtype)  # (B, H, R, T): write j scaled by beta_j
 
     @classmethod
-    def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
-        """Unit keys written with beta = 1 (each write overwrites what the state held for its key)."""
-        return ProbeMemory(read="delta", phi_k=unit_rows, phi_q=unit_rows, d_key=d)
+    def probe_memory(cls, d: int, seed: int, rule: str = "delta") -> ProbeMemory:
+        """Unit keys written with beta = 1: each write overwrites what the state held for its key
+        (the delta rule), or adds to it (model.rule=additive, the plain linear memory of unit keys)."""
+        read = "delta" if rule == "delta" else "state"
+        return ProbeMemory(read=read, phi_k=unit_rows, phi_q=unit_rows, d_key=d)
 
 
 @register("gated_deltanet")
 class GatedDeltaNet(DeltaNet):
-    core = "delta_gated"
     has_decay = True
+    cores = {"delta": "delta_gated", "additive": "decay_scalar"}
+    families = {"delta": "delta", "additive": "decay"}
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
@@ -143,14 +182,20 @@ class GatedDeltaNet(DeltaNet):
         log_decay, _ = scalar_log_decay(self.dt_proj(x), self.dt_bias, self.A_log)  # (B, H, T); v is not dt-scaled
         return self.hook_log_decay(log_decay)
 
+    def additive(self, q, k, v, log_decay):
+        """The decayed additive state, v already scaled by beta: S_t = a_t S_{t-1} + k_t v_t^T."""
+        return ops.decay_attention(q, k, v, log_decay, form=self.form, chunk_size=self.chunk_size)
+
     @classmethod
-    def probe_memory(cls, d: int, seed: int) -> ProbeMemory:
+    def probe_memory(cls, d: int, seed: int, rule: str = "delta") -> ProbeMemory:
         """Unit keys written with beta = 1 into a state decayed as Mamba-2's at initialisation
-        (harness.layers.mamba.scalar_decay_draws); writes are not scaled by dt."""
+        (harness.layers.mamba.scalar_decay_draws), by the delta rule or (model.rule=additive)
+        added; writes are not scaled by dt."""
         draws = scalar_decay_draws(seed)
 
         def decay(shape, gen):
             log_a, _ = draws(shape, gen)
             return log_a, None
 
-        return ProbeMemory(read="delta", phi_k=unit_rows, phi_q=unit_rows, d_key=d, decay=decay)
+        read = "delta" if rule == "delta" else "state"
+        return ProbeMemory(read=read, phi_k=unit_rows, phi_q=unit_rows, d_key=d, decay=decay)

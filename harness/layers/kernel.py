@@ -1,4 +1,4 @@
-"""Normalised kernel (linear) attention: linear, elu, favor and taylor.
+"""Normalised kernel (linear) attention: linear, elu, favor, taylor and dpfp.
 
 o_i = phi(q_i)^T S_i / phi(q_i)^T z_i with S_i = sum_{j<=i} phi(k_j) v_j^T, z_i = sum_{j<=i} phi(k_j),
 computed by ops.linear_attention in the configured form (chunk for training; parallel and
@@ -8,6 +8,7 @@ recurrent give the same numbers). One class per feature map (harness.features):
   elu     elu(x) + 1        m = d      (Katharopoulos et al. 2020)
   favor   FAVOR+            m features (Performer); phi(q).phi(k) estimates exp(q.k / sqrt(d))
   taylor  [1, x, x(x)x/sqrt2]  m = 1 + d + d^2; phi(q).phi(k) = 1 + s + s^2/2, s = q.k / sqrt(d)
+  dpfp    rolled relu(+-x) products   m = 2 d nu (Schlag, Irie & Schmidhuber 2021), nu = model.dpfp_nu
 
 favor and taylor approximate exp, so q and k are scaled by d^-1/4 *before* the feature map:
 their product then carries softmax's 1/sqrt(d) temperature.
@@ -31,8 +32,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harness import features, ops
-from harness.layers.parts import HeadNorm, merge_heads
+from harness import checks, features, ops
+from harness.layers.parts import HeadNorm, merge_heads, qk_width
 from harness.layers.protocol import Mixer, ProbeMemory
 from harness.layers.registry import register
 
@@ -157,3 +158,43 @@ class FavorAttention(KernelAttention):
         if self.redraw_each_step and self.training:
             self.redraw_features()  # one forward pass in training mode is one step
         return super().forward(x)
+
+
+@register("dpfp")
+class DPFPAttention(KernelAttention):
+    """DPFP (Schlag, Irie & Schmidhuber 2021): the map of their capacity experiment, whose key side
+    2 d nu grows with `model.dpfp_nu` at a fixed width. Normalised by phi(q).z, as their linear
+    attention and elu+1 are (its features are >= 0 but a query's can all be 0, where the floor
+    eps holds the denominator: no fault check demands it positive). The kernel theory knows it
+    as "dpfp<nu>" (theory.dpfp_effective_dim)."""
+
+    feature = "dpfp"
+    kernel = "dpfp1"
+    normalize_by_default = True
+
+    @staticmethod
+    def check_config(config) -> None:
+        """1 <= model.dpfp_nu < the q/k width: shift d pairs relu(x) with relu(-x) (always 0) and
+        larger shifts repeat the products of smaller ones."""
+        d_qk = qk_width(config)
+        checks.require(config.dpfp_nu < d_qk, f"model.dpfp_nu={config.dpfp_nu} must be below the q/k width "
+                                              f"{d_qk} (shift d pairs relu(x) with relu(-x), always 0)")
+
+    def __init__(self, config, layer_idx: int) -> None:
+        self.nu = config.dpfp_nu
+        super().__init__(config, layer_idx)
+        self.kernel = f"dpfp{self.nu}"
+
+    def make_feature_map(self, config, layer_idx: int):
+        return features.feature_map("dpfp", self.d_qk, nu=self.nu)
+
+    @classmethod
+    def key_width(cls, d_qk: int, config=None) -> int:
+        return features.feature_dim("dpfp", d_qk, nu=getattr(config, "dpfp_nu", 1))
+
+    @classmethod
+    def probe_memory(cls, d: int, seed: int, dpfp_nu: int = 1) -> ProbeMemory:
+        """Random keys through the map with `dpfp_nu` shifts (model.dpfp_nu), read normalised."""
+        phi = features.feature_map("dpfp", d, nu=dpfp_nu)
+        return ProbeMemory(read="state", phi_k=phi, phi_q=phi, d_key=features.feature_dim("dpfp", d, nu=dpfp_nu),
+                           normalize=True, kernel=f"dpfp{dpfp_nu}")

@@ -40,7 +40,8 @@ from torch import nn
 
 from harness import checks, ops
 from harness.hooks import HookPoint
-from harness.layers.parts import HeadNorm, inverse_softplus, merge_heads, split_heads
+from harness.layers.parts import (HeadNorm, inverse_softplus, merge_decay_heads, merge_heads, split_decay_heads,
+                                  split_heads)
 from harness.layers.protocol import Mixer, ProbeMemory, identity_map
 from harness.layers.registry import register
 
@@ -154,29 +155,11 @@ class GatedDecay(Mixer):
         g = F.logsigmoid(self.decay_proj(x).to(dtype) + self.decay_bias.to(dtype)) / GLA_GATE_TEMPERATURE  # (B, T, H d_qk)
         return split_heads(g, self.n_heads), None  # (B, H, T, D)
 
-    def split_decay_heads(self, q, k, v):
-        """(B, H, T, .) -> (B, H * per_group, T, .): q and k repeated for each decay head of
-        their group, v cut into the decay heads' slices."""
-        g = self.per_group
-        if g == 1:
-            return q, k, v
-        B, H, T, D = v.shape
-        v = v.view(B, H, T, g, D // g).transpose(2, 3).reshape(B, H * g, T, D // g)  # (B, H g, T, D/g)
-        return q.repeat_interleave(g, dim=1), k.repeat_interleave(g, dim=1), v
-
-    def merge_decay_heads(self, o: torch.Tensor) -> torch.Tensor:
-        """(B, H * per_group, T, D/g) -> (B, H, T, D): the decay heads of a group side by side."""
-        g = self.per_group
-        if g == 1:
-            return o
-        B, Hg, T, Dg = o.shape
-        return o.view(B, Hg // g, g, T, Dg).transpose(2, 3).reshape(B, Hg // g, T, g * Dg)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         q, k, v = self.project_qkv(x)  # (B, H, T, D)
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
-        q, k, v = self.split_decay_heads(q, k, v)  # (B, Hd, T, .)
+        q, k, v = split_decay_heads(q, k, v, self.per_group)  # (B, Hd, T, .)
         q, k = self.hook_q_raw(q), self.hook_k_raw(k)  # no feature map: raw == fed
         log_decay, dt = self.log_decay(x)
         if dt is not None:
@@ -184,7 +167,7 @@ class GatedDecay(Mixer):
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         log_decay = self.hook_log_decay(log_decay)
         o = ops.decay_attention(q, k, v, log_decay, form=self.form, chunk_size=self.chunk_size)  # (B, Hd, T, D/g)
-        o = self.norm(self.merge_decay_heads(self.hook_out(o)))  # (B, H, T, D)
+        o = self.norm(merge_decay_heads(self.hook_out(o), self.per_group))  # (B, H, T, D)
         return self.out_proj(merge_heads(o) * F.silu(self.gate_proj(x)))
 
     @property

@@ -141,6 +141,25 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, T, H * D)  # (B, T, C)
 
 
+def split_decay_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: int):
+    """(B, H, T, .) -> (B, H g, T, .): g decay heads per q/k head (Mamba-2's heads sharing B and C,
+    RetNet's multi-scale heads here), q and k repeated for each decay head of their head, v cut
+    into the decay heads' slices of width D / g. Decay head i g + j is slice j of q/k head i."""
+    if g == 1:
+        return q, k, v
+    B, H, T, D = v.shape
+    v = v.view(B, H, T, g, D // g).transpose(2, 3).reshape(B, H * g, T, D // g)  # (B, H g, T, D/g)
+    return q.repeat_interleave(g, dim=1), k.repeat_interleave(g, dim=1), v
+
+
+def merge_decay_heads(o: torch.Tensor, g: int) -> torch.Tensor:
+    """(B, H g, T, D/g) -> (B, H, T, D): the decay heads of a q/k head side by side again."""
+    if g == 1:
+        return o
+    B, Hg, T, Dg = o.shape
+    return o.view(B, Hg // g, g, T, Dg).transpose(2, 3).reshape(B, Hg // g, T, g * Dg)
+
+
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     """x with softplus(x) = y, stable for small y."""
     return y + torch.log(-torch.expm1(-y))

@@ -19,7 +19,8 @@ them through :class:`Mixer`; an outside mixer declares what it can.
                                                          delta, delta_gated, softmax_window)
   d_key, d_head, n_heads      int                        predicted SNR sqrt(d_key / N_eff)
   kernel                      str                        theory.kernel_effective_dim name
-                                                         (identity, elu1, favor, taylor, softmax)
+                                                         (identity, elu1, favor, taylor, softmax,
+                                                         dpfp<nu>)
   positive_denominator        bool                       fault checks: phi(q).z must stay > 0
   state_size(sequence_length) int, elements per layer    state bytes in results.json
                                                          (Zoology's convention)
@@ -69,7 +70,9 @@ class ProbeMemory(NamedTuple):
     last `window` of them when window is set). phi_k / phi_q map (B, c, d) -> (B, c, m); d_key is
     m. normalize: divide the read-out by phi(q).z. decay: None, or a callable
     (shape (B, N), generator) -> (log a (B, N), write scale (B, N) or None) drawing the
-    per-step decays of the mixer's initialisation.
+    per-step decays of the mixer's initialisation. kernel: the theory.kernel_effective_dim name
+    of this memory where it depends on the mixer's options (DPFP's "dpfp2"); None: the class's
+    `kernel`.
     """
     read: str
     phi_k: Optional[Callable] = None
@@ -78,6 +81,7 @@ class ProbeMemory(NamedTuple):
     normalize: bool = False
     decay: Optional[Callable] = None
     window: Optional[int] = None
+    kernel: Optional[str] = None
 
 
 def identity_map(x: torch.Tensor) -> torch.Tensor:

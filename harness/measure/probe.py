@@ -29,8 +29,12 @@ How each mixer reads (a_ij are the effective weights, o_i = sum_j a_ij v_j).
            (not in MODELS): its features are large, so reads go in smaller chunks.
   softmax  a_ij = softmax_j(q_i.k_j / sqrt(d)), streamed over chunks of keys with a running
            log-sum-exp (flash-attention style).
-  retnet   identity keys, constant decay gamma = 1 - 2^-5 (RetNet's first head), no
-           denominator: S = sum_j gamma^(N-1-j) k_j v_j^T, read after the last write.
+  dpfp     DPFP (rolled relu(+-x) products, m = 2 d nu, nu = model.dpfp_nu) on the raw keys;
+           normalised; its kernel dimension is theory.dpfp_effective_dim.
+  retnet   identity keys, constant decay gamma_h = 1 - 2^(-5-h) of one of the layer's decay
+           heads (model.n_heads x model.retnet_heads of them; the pooled states take turns, from
+           a head drawn per row), no denominator: S = sum_j gamma^(N-1-j) k_j v_j^T, read after
+           the last write.
   mamba    Mamba-2's SSD core with a scalar decay per head: S_t = exp(dt_t A) S_{t-1} +
            k_t (dt_t v_t)^T, A = -uniform(1, 16) drawn once per seed, dt_t log-uniform in
            [1e-3, 1e-1] per token (Mamba-2's initial distributions, the input dependence of dt
@@ -39,7 +43,8 @@ How each mixer reads (a_ij are the effective weights, o_i = sum_j a_ij v_j).
            k_t v_t^T, written in order through ops.delta_attention (chunk form) and read after
            the last write; a_ii from the same op run backwards over the keys (_read_delta).
   gated_deltanet  the same with Mamba-2's scalar decay in front of S_{t-1} (the draws of mamba,
-           writes not scaled by dt).
+           writes not scaled by dt). With model.rule=additive both are read as additive
+           states of unit keys (the linear memory, decayed for gated_deltanet): the control.
   swa      softmax over the last W = 32 stored keys only (the default window): a pair written
            earlier has left the KV cache, its read has signal 0.
 
@@ -412,7 +417,8 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
     lam_np = lam_read.numpy()
     n_eff = float(np.mean(theory.aggregate_pairs(lam_np)))
     pairs = float(np.median(theory.read_participation(lam_np)))  # P: crosstalk pairs behind a read
-    d_kernel = theory.kernel_effective_dim(cls.kernel, d) if cls.kernel else math.nan
+    kernel = getattr(memory, "kernel", None) or cls.kernel
+    d_kernel = theory.kernel_effective_dim(kernel, d) if kernel else math.nan
     snr_kernel = theory.predicted_snr(d_kernel, n_eff) if not math.isnan(d_kernel) else math.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         snr_read = np.sqrt(sig2 / noise2)

@@ -76,7 +76,10 @@ scaled by lambda_j by the time of the read).
    (elu + 1) gives every weight a shared positive mean: crosstalk no longer cancels in the
    weights and d_kernel ~ 2.1 whatever d, so SNR ~ sqrt(2/N) and stops improving with d.
    The softmax kernel exp(q.k / sqrt(d)) gives d_kernel ~ exp(2 sqrt(d) - 2), far above d,
-   and the Taylor map (1 + s + s^2/2) about d^2 / 15.
+   and the Taylor map (1 + s + s^2/2) about d^2 / 15. DPFP's features (products of two
+   rectified coordinates) are sparse but positive too: d_kernel grows with d and nu at small d
+   and saturates where the features' shared mean takes over the cross term,
+   (2 pi)^4 / 16 ~ 97 for nu = 1 (`dpfp_effective_dim`).
 
 4. The delta rule (`delta_read_energy`). DeltaNet writes the correction: with beta = 1 and
    unit keys, S_t = a_t P_t S_{t-1} + k_t v_t^T, P_t = I - k_t k_t^T, so S_t^T k_t = v_t exactly
@@ -245,6 +248,36 @@ def _elu1(x: float) -> float:
 
 
 @functools.lru_cache(maxsize=None)
+def dpfp_effective_dim(d: int, nu: int) -> float:
+    """d_kernel of DPFP (harness.features.dpfp) on keys with N(0, 1) coordinates (d >> 1), exactly.
+
+    A feature phi_f = r_p r_p' is the product of two of the 2d rectified inputs r_p (input p:
+    coordinate p mod d, relu of +x below d, of -x from d on) on two different coordinates. For
+    features f, g the expectation of a product of their factors is the product over coordinates
+    of the moments mu_k = E relu(x)^k of the factors on that coordinate (mu_1 = 1/sqrt(2 pi),
+    mu_2 = 1/2, mu_4 = 3/2), and 0 when one coordinate carries relu(x) and relu(-x):
+      E phi_f phi_g     = mu_1^(4 - 2 s) mu_2^s,   E phi_f^2 phi_g^2 = mu_2^(4 - 2 s) mu_4^s
+    with s the inputs f and g share. d_kernel = E|phi(k)|^4 / E (phi(k).phi(k'))^2 = sum_fg
+    E phi_f^2 phi_g^2 / sum_fg (E phi_f phi_g)^2. Rolling every input by one position maps the
+    features onto themselves and keeps the law of the inputs, so the sums over g are the same
+    for every f of one shift: nu rows of 2 d nu entries are summed, times 2d.
+    """
+    if not 1 <= nu < d:
+        raise ValueError(f"DPFP needs 1 <= nu < d (shift d pairs relu(x) with relu(-x)), got nu={nu}, d={d}")
+    mu1, mu2, mu4 = 1.0 / math.sqrt(2.0 * math.pi), 0.5, 1.5
+    two_d = 2 * d
+    p = np.arange(two_d)
+    inputs = np.concatenate([np.stack([p, (p - j) % two_d], -1) for j in range(1, nu + 1)])  # (F, 2)
+    rows = inputs[::two_d]  # (nu, 2): the first feature of every shift
+    same = (rows[:, None, :, None] == inputs[None, :, None, :]).sum((-1, -2))  # (nu, F) shared inputs
+    coords = (rows[:, None, :, None] % d == inputs[None, :, None, :] % d).sum((-1, -2))  # shared coordinates
+    ok = same == coords  # no coordinate meets relu(x) and relu(-x)
+    m2 = np.where(ok, mu1 ** (4 - 2 * same) * mu2**same, 0.0)
+    m4 = np.where(ok, mu2 ** (4 - 2 * same) * mu4**same, 0.0)
+    return float(m4.sum() / np.square(m2).sum())
+
+
+@functools.lru_cache(maxsize=None)
 def kernel_effective_dim(kernel: str, d: int) -> float:
     """d_kernel = E kappa(k,k)^2 / E kappa(k,k')^2 for keys uniform on the sphere of radius sqrt(d).
 
@@ -254,6 +287,7 @@ def kernel_effective_dim(kernel: str, d: int) -> float:
                  the shared positive mean of the features dominates both moments
       softmax    kappa = exp(q.k / sqrt(d))        exp(2 sqrt(d)) / E exp(2 sqrt(d) t), Bessel form
       taylor     1 + s + s^2/2, s = q.k / sqrt(d)  (1 + sqrt(d) + d/2)^2 / (15/4 - 3/(2d+4))
+      dpfp<nu>   DPFP with nu shifts ("dpfp1", "dpfp2", ...): dpfp_effective_dim(d, nu)
       favor      NaN: FAVOR+ estimates the softmax kernel with a relative variance
                  ~ exp(|x + y|^2) / m; its moments are set by draws no finite sample reaches,
                  so no moment-based prediction is made (the probe measures it).
@@ -276,7 +310,9 @@ def kernel_effective_dim(kernel: str, d: int) -> float:
         return (1 + math.sqrt(d) + d / 2) ** 2 / cross_sq
     if name == "favor":
         return math.nan
-    raise ValueError(f"unknown kernel {kernel!r}; valid: identity, elu1, softmax, taylor, favor")
+    if name.startswith("dpfp") and name[4:].isdigit():
+        return dpfp_effective_dim(d, int(name[4:]))
+    raise ValueError(f"unknown kernel {kernel!r}; valid: identity, elu1, softmax, taylor, favor, dpfp<nu>")
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,13 @@ from omegaconf import DictConfig
 from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
 
 
+def probe_options(model: DictConfig) -> dict[str, Any]:
+    """What a mixer's probe_memory may take by name: the model.* settings (a built-in's, such as
+    model.dpfp_nu or model.retnet_heads) and an outside mixer's model.options, which win."""
+    fields = {k: v for k, v in model.items() if k not in ("name", "options")}
+    return {**fields, **dict(model.options or {})}
+
+
 def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from harness.measure.probe import run_probe
     from harness.devices import select_device
@@ -22,7 +29,7 @@ def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     rows = run_probe([cfg.model.name], list(cfg.probe.d), list(cfg.probe.n) if cfg.probe.n is not None else None, seed=cfg.probe.seed,
                      candidates=cfg.probe.candidates, max_queries=cfg.probe.max_queries,
                      device=str(device), progress=cfg.trainer.progress,
-                     options=dict(cfg.model.options or {}))
+                     options=probe_options(cfg.model))
     results = base_results(cfg, "probe")
     results["probe"] = rows
     results["summary"] = {"rows": len(rows), "wall_time_s": time.time() - started}

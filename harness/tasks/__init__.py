@@ -10,7 +10,9 @@ The task protocol: a task is a module with
   make_batch(cfg, batch_size, *, seed, device="cpu", split="train")
                          a harness.tasks.base.Batch, deterministic in (seed, split)
 
-and a `NAME` for the built-ins. Every module of this package that has a NAME is a built-in
+and a `NAME` for the built-ins. Optional: `val_settings(cfg)`, the settings validated on during
+training (default eval_settings; the recall task's training mixture validates on its own
+settings). Every module of this package that has a NAME is a built-in
 task (adding one is one file, plus its YAML in harness/conf/task); `task=package.module` (or
 `task.name=package.module`) names a task module anywhere else.
 

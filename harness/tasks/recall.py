@@ -48,18 +48,42 @@ everything else, so with the same seed the pairs and queries are those of the ze
 Evaluation: `eval_settings` gives one setting per entry of `test_num_pairs` (default the
 training N) and of `test_seq_len` (default the training length), every N at every length;
 accuracy is sliced by N ("num_pairs"), each row with its length.
+
+A training mixture (`mixture`, Based's and Zoology's frontier protocol): a list of
+[seq_len, num_pairs] settings, or [seq_len, num_pairs, weight] (relative shares; Based trains
+on 100,000 examples of (64, 4) and 20,000 of each longer setting, weights 5, 1, 1, 1, 1). Each
+training example draws its setting from the mixture (from the batch's own generator, so the
+batch is fixed by its seed), is generated at that setting's length exactly as a batch of that
+setting alone would lay it out, and is right-padded to the mixture's longest length with PAD,
+whose labels are IGNORE:
+
+    mixture=[[6,1],[9,2]], V=16 (two examples of one batch):
+
+    position     0   1   2   3   4   5 | 6   7   8
+    inputs       3  12   0   3   0   0 | 0   0   0     (6, 1), then padding
+    inputs       3  12   5   9   5   0   3   0   0     (9, 2)
+
+Every label of an example lies inside its own length, and the padding comes after all of them,
+so a causal model's outputs at the labelled positions are those of the unpadded example (the
+padding is not there yet when they are computed); only the shapes of the computation change,
+which moves float32 results by rounding alone (tests/test_tasks.py holds it in float64).
+Validation uses the mixture too: `val_settings` gives one setting per mixture entry, each at
+its own length (so validation accuracy is per training setting). The test settings stay
+`test_seq_len` x `test_num_pairs` (their defaults, `seq_len` and `num_pairs`, are then only
+that: with a mixture they are not a training setting).
 """
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-from harness.tasks.base import (IGNORE, PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
-                        empty_labels, lengths, make_generator, power_law_offsets, require, sample_distinct,
-                        sample_excluding, uniform, validate_settings)
+from harness.tasks.base import (IGNORE, PAD, Batch, as_config, balanced_choice, check_call, check_float,
+                        check_int, empty_labels, fail, lengths, make_generator, power_law_offsets, require,
+                        sample_distinct, sample_excluding, uniform, validate_settings)
 
 NAME = "recall"
 MAX_POWER_A = 8.0
@@ -77,6 +101,9 @@ class Config:
     filler_rate: float = 1.0                 # filler=random: the share of filler positions made random
     test_seq_len: list[int] = field(default_factory=list)    # empty: [seq_len]
     test_num_pairs: list[int] = field(default_factory=list)  # empty: [num_pairs]
+    # training settings [seq_len, num_pairs] (or [seq_len, num_pairs, weight]) each example draws
+    # from; empty: the one setting (seq_len, num_pairs)
+    mixture: list[Any] = field(default_factory=list)
 
 
 FILLERS = ("zero", "random")
@@ -110,24 +137,58 @@ def _validate_setting(cfg: Config, where: str) -> None:
     require(0.0 <= rate <= 1.0, f"{NAME}: filler_rate must be in [0, 1], got {cfg.filler_rate}")
 
 
+def _mixture_entries(cfg: Config) -> list[tuple[int, int, float]]:
+    """(seq_len, num_pairs, weight) of every mixture entry; ValueError (one line) for a malformed one."""
+    if not isinstance(cfg.mixture, (list, tuple)):
+        fail(f"{NAME}: mixture must be a list of [seq_len, num_pairs] or [seq_len, num_pairs, weight] "
+             f"(e.g. [[64,4],[128,8]]), got {cfg.mixture!r}")
+    entries = []
+    for i, entry in enumerate(cfg.mixture):
+        entry = list(entry) if isinstance(entry, Sequence) and not isinstance(entry, str) else entry
+        if not isinstance(entry, list) or len(entry) not in (2, 3):
+            fail(f"{NAME}: mixture[{i}] must be [seq_len, num_pairs] or [seq_len, num_pairs, weight], got {entry!r}")
+        check_int(NAME, f"mixture[{i}] seq_len", entry[0])
+        check_int(NAME, f"mixture[{i}] num_pairs", entry[1])
+        weight = check_float(NAME, f"mixture[{i}] weight", entry[2]) if len(entry) == 3 else 1.0
+        require(weight > 0, f"{NAME}: mixture[{i}] weight must be > 0, got {weight:g}")
+        entries.append((entry[0], entry[1], weight))
+    return entries
+
+
+def mixture_settings(cfg: Config) -> list[Config]:
+    """The training settings of the mixture, each a plain Config (no mixture, no test lists)."""
+    cfg = as_config(Config, cfg, NAME)
+    return [dataclasses.replace(cfg, seq_len=t, num_pairs=n, mixture=[], test_seq_len=[], test_num_pairs=[])
+            for t, n, _ in _mixture_entries(cfg)]
+
+
 def validate(cfg: Config) -> None:
-    """Raise ValueError (one line) unless the training and every evaluation setting is valid."""
+    """Raise ValueError (one line) unless the training, every mixture and every evaluation setting is valid."""
     cfg = as_config(Config, cfg, NAME)
     validate_settings(NAME, cfg, _validate_setting, eval_settings)
+    for i, setting in enumerate(mixture_settings(cfg)):
+        _validate_setting(setting, f"mixture[{i}] ")
 
 
 def eval_settings(cfg: Config) -> list[Config]:
     """One setting per (test N, test length), N varying fastest; each a plain training-style Config."""
     cfg = as_config(Config, cfg, NAME)
     sizes = list(cfg.test_num_pairs) or [cfg.num_pairs]
-    return [dataclasses.replace(cfg, seq_len=t, num_pairs=n, test_seq_len=[], test_num_pairs=[])
+    return [dataclasses.replace(cfg, seq_len=t, num_pairs=n, mixture=[], test_seq_len=[], test_num_pairs=[])
             for t in lengths(cfg) for n in sizes]
+
+
+def val_settings(cfg: Config) -> list[Config]:
+    """The validation settings: one per mixture entry (the settings the model trains on), or
+    eval_settings without a mixture."""
+    cfg = as_config(Config, cfg, NAME)
+    return mixture_settings(cfg) if cfg.mixture else eval_settings(cfg)
 
 
 def max_seq_len(cfg: Config) -> int:
     """The longest sequence of the training and evaluation settings (for positional tables)."""
     cfg = as_config(Config, cfg, NAME)
-    return max([cfg.seq_len] + [s.seq_len for s in eval_settings(cfg)])
+    return max([cfg.seq_len] + [s.seq_len for s in eval_settings(cfg) + mixture_settings(cfg)])
 
 
 def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device | str = "cpu",
@@ -135,9 +196,40 @@ def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device 
     cfg = as_config(Config, cfg, NAME)
     _validate_setting(cfg, "")
     check_call(NAME, batch_size, seed, split)
-    b, t, n, v = batch_size, cfg.seq_len, cfg.num_pairs, cfg.vocab_size
-    q = _num_queries(cfg)
     gen = make_generator(seed, split, device)
+    if cfg.mixture:
+        return _mixture_batch(cfg, batch_size, gen)
+    return _generate(cfg, batch_size, gen)
+
+
+def _mixture_batch(cfg: Config, b: int, gen: torch.Generator) -> Batch:
+    """b examples, each of a setting drawn from the mixture with its weight, generated at its own
+    length (one vectorised call per setting) and right-padded with PAD / IGNORE to the
+    mixture's longest length (see the module docstring for why the padding changes nothing)."""
+    settings = mixture_settings(cfg)
+    for i, setting in enumerate(settings):
+        _validate_setting(setting, f"mixture[{i}] ")
+    weights = torch.tensor([w for _, _, w in _mixture_entries(cfg)], dtype=torch.float32, device=gen.device)
+    which = torch.multinomial(weights, b, replacement=True, generator=gen)  # (B,) setting of each example
+    t = max(s.seq_len for s in settings)
+    inputs = torch.full((b, t), PAD, dtype=torch.long, device=gen.device)
+    targets, slice_value, target_pos = empty_labels(b, t, gen.device)
+    for i, setting in enumerate(settings):
+        rows = (which == i).nonzero().squeeze(1)  # (B_i,)
+        if rows.numel() == 0:
+            continue
+        part = _generate(setting, rows.numel(), gen)  # (B_i, T_i), labels only inside T_i
+        width = setting.seq_len
+        for full, piece in ((inputs, part.inputs), (targets, part.targets), (slice_value, part.slice_value),
+                            (target_pos, part.target_pos)):
+            full[rows, :width] = piece
+    return Batch(inputs, targets, slice_value, target_pos, SLICE_NAME)
+
+
+def _generate(cfg: Config, b: int, gen: torch.Generator) -> Batch:
+    """A batch of b examples of the one setting cfg (seq_len, num_pairs), drawn from gen."""
+    t, n, v = cfg.seq_len, cfg.num_pairs, cfg.vocab_size
+    q = _num_queries(cfg)
     dev = gen.device
 
     keys = sample_distinct(gen, b, n, 1, v // 2)                        # (B, N)

@@ -109,8 +109,11 @@ def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device, split: str
     """One held-out batch of `trainer.eval_examples` examples per evaluation setting of the task
     (its eval_settings: test N x test lengths, say), from the `split` stream: "val" is evaluated
     during training (early stop, and the split a sweep chooses learning rates on), "test" once
-    at the end (the reported numbers)."""
+    at the end (the reported numbers). A task that trains on other settings than it tests (the
+    recall task's mixture) names its validation settings with `val_settings`."""
     settings = module.eval_settings(tcfg)
+    if split == "val" and hasattr(module, "val_settings"):
+        settings = module.val_settings(tcfg)
     sets = []
     for i, (setting, name) in enumerate(zip(settings, setting_names(settings))):
         batch = module.make_batch(setting, tr.eval_examples, seed=seed * 7919 + i,

@@ -42,7 +42,7 @@ class ModelFacts:
     n_heads: int
     d_qk: int          # per-head width of q and k
     d_key: int         # per-head key side of the state (feature maps change it)
-    mlp_ratio: int
+    mlp_ratio: int     # the MLP's hidden width over d_model (0: no MLP, model.mlp=false)
     core: str          # harness.ops core of the mixer ("" when it declares none)
     form: str
     chunk: int
@@ -52,12 +52,14 @@ class ModelFacts:
 
 def param_count(mcfg: ModelConfig, vocab: int, max_len: int) -> int:
     """Parameters of the language model, counted from the config (nothing is built): embedding and
-    head, learned positions, and per block its norms, MLP and the mixer's projections (q, k, v,
-    output, a gate's worth more for the gated and decayed mixers, the short convolution)."""
+    head, learned positions, and per block its norms, MLP (none with model.mlp=false) and the
+    mixer's projections (q, k, v, output, a gate's worth more for the gated and decayed mixers,
+    the short convolution)."""
     C, H, r = mcfg.d_model, mcfg.n_heads, mcfg.mlp_ratio
     qkv = 2 * H * qk_width(mcfg) + C
     mixer = C * qkv + 2 * C * C + (qkv * mcfg.conv_size if mcfg.short_conv else 0) + 4 * C
-    block = mixer + 2 * r * C * C + (r + 1) * C + 4 * C
+    mlp = 2 * r * C * C + (r + 1) * C + 2 * C if mcfg.mlp else 0  # its two layers and its norm
+    block = mixer + mlp + 2 * C
     embed = vocab * C * (1 if mcfg.tie_embeddings else 2)
     positions = max_len * C if uses_learned_positions(mcfg) else 0
     return embed + positions + mcfg.n_layers * block + 2 * C
@@ -70,7 +72,7 @@ def model_facts(mcfg: ModelConfig, vocab: int, max_len: int) -> ModelFacts:
     d_key = int(key_width(d_qk, mcfg)) if callable(key_width) else d_qk
     core_for = getattr(cls, "core_for", None)
     core = core_for(mcfg) if callable(core_for) else getattr(cls, "core", "")
-    return ModelFacts(mcfg.d_model, mcfg.n_layers, mcfg.n_heads, d_qk, d_key, mcfg.mlp_ratio,
+    return ModelFacts(mcfg.d_model, mcfg.n_layers, mcfg.n_heads, d_qk, d_key, mcfg.mlp_ratio if mcfg.mlp else 0,
                       core if isinstance(core, str) else "", mcfg.form, mcfg.chunk_size, vocab,
                       param_count(mcfg, vocab, max_len))
 
