@@ -52,13 +52,12 @@ from torch import nn
 from harness import ops
 from harness.hooks import HookPoint
 from harness.layers.mamba import init_scalar_decay, scalar_decay_draws, scalar_log_decay
-from harness.layers.parts import HeadNorm, merge_heads
+from harness.layers.parts import HeadNorm, merge_heads, open_gate_
 from harness.layers.protocol import Mixer, ProbeMemory
 from harness.layers.registry import register
 
 L2_EPS = 1e-6  # floor of |silu(q)|, |silu(k)| in the L2 normalisation
 BETA_START = 0.05  # every token's write strength at initialisation (see the module docstring)
-GATE_BIAS_START = 1.2784645  # silu(1.2784645) = 1: the output gate starts open and equal for all tokens
 
 
 def unit_rows(x: torch.Tensor) -> torch.Tensor:
@@ -91,11 +90,10 @@ class DeltaNet(Mixer):
     def reset_write_parameters(self) -> None:
         """Write strength and output gate start the same for every token (see the module
         docstring): beta = BETA_START (W_beta = 0, its bias logit(BETA_START)), and the gate
-        silu(x W_g + b_g) = 1 (W_g = 0, b_g = GATE_BIAS_START)."""
+        silu(x W_g + b_g) = 1 (harness.layers.parts.open_gate_)."""
         nn.init.zeros_(self.beta_proj.weight)
         nn.init.constant_(self.beta_proj.bias, math.log(BETA_START / (1 - BETA_START)))
-        nn.init.zeros_(self.gate_proj.weight)
-        nn.init.constant_(self.gate_proj.bias, GATE_BIAS_START)
+        open_gate_(self.gate_proj)
 
     @torch.no_grad()
     def reset_decay_parameters(self) -> None:

@@ -40,7 +40,7 @@ from torch import nn
 
 from harness import checks, ops
 from harness.hooks import HookPoint
-from harness.layers.parts import (HeadNorm, inverse_softplus, merge_decay_heads, merge_heads, split_decay_heads,
+from harness.layers.parts import (HeadNorm, inverse_softplus, merge_decay_heads, merge_heads, open_gate_, split_decay_heads,
                                   split_heads)
 from harness.layers.protocol import Mixer, ProbeMemory, identity_map
 from harness.layers.registry import register
@@ -119,7 +119,7 @@ class GatedDecay(Mixer):
         self.per_group = decay_heads_per_group(config)  # decay heads per q/k head
         self.heads_per_readout = self.per_group  # a group's decay heads are normed and read out together
         self.decay_head_dim = self.d_head // self.per_group
-        self.gate_proj = nn.Linear(C, C, bias=False)  # silu output gate (Mamba's z)
+        self.gate_proj = nn.Linear(C, C)  # silu output gate (Mamba's z), starts open
         self.out_proj = nn.Linear(C, C, bias=False)
         self.norm = HeadNorm(H, self.d_head, "rmsnorm")
         if self.gate == "scalar":
@@ -137,7 +137,9 @@ class GatedDecay(Mixer):
 
     @torch.no_grad()
     def reset_decay_parameters(self) -> None:
-        """Mamba-2 / GLA initialisation; the model calls this again after its generic init."""
+        """Mamba-2 / GLA initialisation of the decay and an open output gate
+        (harness.layers.parts.open_gate_); the model calls this again after its generic init."""
+        open_gate_(self.gate_proj)
         if self.gate == "scalar":
             self.dt_proj.reset_parameters()  # torch's default init, as Mamba-2's in_proj
             init_scalar_decay(self.dt_bias, self.A_log)

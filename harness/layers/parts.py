@@ -163,3 +163,23 @@ def merge_decay_heads(o: torch.Tensor, g: int) -> torch.Tensor:
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     """x with softplus(x) = y, stable for small y."""
     return y + torch.log(-torch.expm1(-y))
+
+
+# silu(GATE_BIAS_OPEN) = 1: an output gate silu(x W + b) with W = 0 and this bias passes the
+# read-out unchanged, the same for every token.
+GATE_BIAS_OPEN = 1.2784645
+
+
+@torch.no_grad()
+def open_gate_(gate: nn.Linear) -> None:
+    """Start a silu output gate open and equal for every token (W = 0, silu(b) = 1), in place.
+
+    With a Xavier-initialised gate, silu(x W) multiplies each read-out by a different random
+    factor per token (about half of them near zero): on the needle task retnet and mamba sat at
+    chance with their mixers' gradients shrinking 40-300 fold, the residual stream growing, and
+    the decays long enough to reach the needles. Open, the layer starts as its plain decayed
+    state and learns the gating (DeltaNet's starting point; docs/reproductions.md).
+    """
+    nn.init.zeros_(gate.weight)
+    nn.init.constant_(gate.bias, GATE_BIAS_OPEN)
+

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness import checks, ops
-from harness.layers.parts import HeadNorm, merge_decay_heads, merge_heads, split_decay_heads
+from harness.layers.parts import HeadNorm, merge_decay_heads, merge_heads, open_gate_, split_decay_heads
 from harness.layers.protocol import Mixer, ProbeMemory, identity_map
 from harness.layers.registry import register
 
@@ -60,12 +60,18 @@ class Retention(Mixer):
         self.heads_per_readout = self.per_group  # a q/k head's decay heads are read out together
         self.decay_head_dim = self.d_head // self.per_group
         n_decay = self.n_heads * self.per_group
-        self.gate_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.gate_proj = nn.Linear(config.d_model, config.d_model)  # swish output gate, starts open
         self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.norm = HeadNorm(n_decay, self.decay_head_dim, "layernorm")
         self.register_buffer("log_gamma", retnet_log_gammas(n_decay, config.decay),
                              persistent=False)  # (Hd,)
         self.q_scale = 1.0 / math.sqrt(self.d_qk)
+        self.reset_decay_parameters()
+
+    def reset_decay_parameters(self) -> None:
+        """Called by the model after its generic init: the output gate starts open
+        (harness.layers.parts.open_gate_; the decays are fixed buffers)."""
+        open_gate_(self.gate_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
         B, T, _ = x.shape
