@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.config.compose import CONF_DIR, ConfigError, compose_config, with_outside_tasks
 from harness.errors import in_one_line, shown
 
-
+OVERWRITE = ("+overwrite=true", "overwrite=true")  # a finished run of another config may be replaced
 
 def _is_multirun(argv: list[str]) -> bool:
     return any(a in ("-m", "--multirun") for a in argv)
@@ -40,8 +40,73 @@ def _run_dir_is_out_dir(argv: list[str]) -> list[str]:
     return [*argv, f"hydra.run.dir={given[-1]}"]
 
 
+def _refuse(message: str) -> None:
+    print(f"harness: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Refuse, before Hydra writes anything there, an out_dir that cannot be a run directory: a
+    file, a symlink that leads nowhere (a loop, a dangling link), a place that cannot be written."""
+    import os
+
+    if out_dir.is_symlink() and not os.path.exists(out_dir):
+        _refuse(f"out_dir {out_dir} is a symbolic link that leads nowhere (a loop or a missing target)")
+    try:
+        place = out_dir
+        while not place.exists():
+            if place.is_symlink():
+                _refuse(f"out_dir {out_dir}: {place} is a symbolic link that leads nowhere")
+            place = place.parent
+    except OSError as exc:  # ELOOP and the like
+        _refuse(f"out_dir {out_dir} cannot be used: {exc.strerror or exc}")
+    if not place.is_dir():
+        _refuse(f"out_dir {out_dir} cannot be a directory: {place} is a file")
+    if not os.access(place, os.W_OK | os.X_OK):
+        _refuse(f"out_dir {out_dir} cannot be written: {place} is read-only for this user")
+
+
+def _check_held(out_dir: Path) -> None:
+    """A directory another harness process holds is refused before Hydra writes its .hydra/ there."""
+    from harness.outputs.lock import RunDirLock
+
+    if not (out_dir / ".harness.lock").exists():
+        return
+    lock = RunDirLock(out_dir)
+    try:
+        if lock.try_acquire():
+            return
+        holder = lock.holder()
+    except OSError:
+        return  # harness.run.job says what is wrong with the lock file
+    finally:
+        lock.release()
+    print(f"harness: error: {out_dir} is in use by another harness process (pid {holder}); wait for it "
+          "to finish, or choose another out_dir", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def _check_finished(cfg, out_dir: Path) -> None:
+    """A finished run in out_dir of another config is not overwritten: refused, naming the keys
+    that differ, unless `+overwrite=true`. The same config is the usual resume or rerun."""
+    from harness.outputs.results import config_hash, flat_config, read_results
+
+    res = read_results(out_dir)
+    if not isinstance(res, dict) or res.get("status") != "ok" or res.get("config_hash") in (None, config_hash(cfg)):
+        return
+    old = res.get("config") if isinstance(res.get("config"), dict) else {}
+    new = flat_config(cfg)
+    keys = sorted(k for k in set(old) | set(new) if k != "out_dir" and old.get(k) != new.get(k))
+    named = ", ".join(f"{k} ({old.get(k)!r} there, {new.get(k)!r} now)" for k in keys[:8])
+    more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
+    _refuse(f"{out_dir} holds a finished run of another config ({named or 'its config hash'}{more}); "
+            "choose another out_dir, or add +overwrite=true to replace it")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    overwrite = any(a.lower() in OVERWRITE for a in argv)
+    argv = [a for a in argv if a.lower() not in OVERWRITE]
     if not _is_multirun(argv) and not _wants_hydra_only(argv):
         # Hydra's own keys are Hydra's business, but for the search path: a user's config groups
         # (hydra.searchpath=[file://my_conf]) must be found by the pre-check too.
@@ -50,7 +115,14 @@ def main(argv: list[str] | None = None) -> None:
         try:
             from harness.run.resources import check_resources
 
-            check_resources(compose_config(overrides))  # a run the device cannot hold: refused here
+            cfg = compose_config(overrides)
+            if cfg.out_dir:
+                out_dir = Path(cfg.out_dir)
+                _check_out_dir(out_dir)
+                _check_held(out_dir)
+                if not overwrite:
+                    _check_finished(cfg, out_dir)
+            check_resources(cfg)  # a run the device cannot hold: refused here
         except ValueError as exc:
             if not in_one_line(exc):
                 raise
