@@ -187,3 +187,16 @@ def test_resumed_run_keeps_the_plateau_counter(tmp_path):
     assert res["summary"]["steps"] == whole["summary"]["steps"] == 8
     assert res["summary"]["best_val_step"] == whole["summary"]["best_val_step"]
     assert res["summary"]["loss"] == whole["summary"]["loss"]
+
+
+def test_progress_in_a_log_file_is_one_line_per_evaluation(tmp_path, capsys):
+    """Output captured (not a terminal): no progress bar, a line per evaluation (steps 3 and 6)."""
+    from harness.train.loop import train
+
+    cfg = compose_config(["trainer=debug", "logger=none", "trainer.measure=false", "trainer.progress=true",
+                          f"out_dir={tmp_path}"])
+    train(cfg, tmp_path)
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.startswith("[harness] step ")]
+    assert [line.split(":")[0] for line in lines] == ["[harness] step 3/6", "[harness] step 6/6"]
+    assert "\r" not in err and "it/s" not in err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -436,8 +437,12 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
     terminate = checkpoint.TerminationRequest()  # a pre-empted job saves its step, then stops
     try:
         batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
+        # a progress bar on a terminal; in a log file (a cluster job) one line per evaluation
+        # instead of a carriage-return update at every refresh
+        bar_on = bool(tr.progress) and sys.stderr.isatty()  # the stream tqdm writes to
+        eval_lines = bool(tr.progress) and not bar_on
         bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{mcfg.name}",
-                   disable=not tr.progress, dynamic_ncols=True, leave=True)
+                   disable=not bar_on, dynamic_ncols=True, leave=True)
         reason = "max_steps"
         on_step = clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
         setup_s = clock.last - t0
@@ -474,6 +479,9 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                        "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
                        **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}}
                 metrics.write(row)
+                if eval_lines:
+                    print(f"[harness] step {step}/{max_steps}: train loss {loop.last_loss:.3f}, val accuracy "
+                          f"{row['accuracy']:.3f}, val loss {row['loss']:.3f}", flush=True)
                 logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
                 bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval['accuracy']:.3f}")
                 loop.record_eval(step, loop.last_eval["accuracy"], loop.last_eval["loss"], min_delta)
