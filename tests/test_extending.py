@@ -181,7 +181,7 @@ def test_a_user_task_module_trains_and_reports(user_dir):
     (["model.name=nosuch.Mixer"], "model.name=nosuch.Mixer: cannot import module 'nosuch'"),
     (["model.name=mymixers.Missing"], "model.name=mymixers.Missing: module 'mymixers' has no attribute 'Missing'"),
     (["model.name=mymixers.Broken"], "model.name=mymixers.Broken: construction failed (RuntimeError: no weights"),
-    (["model.name=mymixers.Narrow"], "model.name=mymixers.Narrow: forward returned (1, 8, 32), expected (B, T, C) = (1, 8, 64)"),
+    (["model.name=mymixers.Narrow"], "model.name=mymixers.Narrow: forward returned (1, 64, 32), expected (B, T, C) = (1, 64, 64)"),
     (["model.name=mymixers.RunningMean", "model.options.window=8"],
      "model.options.window: model.name=mymixers.RunningMean takes no argument 'window'"),
     (["model=elu", "model.options.window=8"], "the built-in mixer 'elu' takes no options"),

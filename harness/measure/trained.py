@@ -51,6 +51,7 @@ from typing import Optional
 import torch
 
 from harness.hooks import capture
+from harness.layers.preflight import skipped as protocol_skipped
 from harness.layers.protocol import lacks, mixer_hooks
 from harness.measure.theory import predicted_snr
 
@@ -327,7 +328,8 @@ def _skip_reasons(mixer, hooks: dict) -> dict[str, str]:
     sharp = lacks(mixer, "effective_weights")
     snr = sharp or (None if "v" in hooks else "skipped: no hook_v")
     theory = lacks(mixer, "d_key")
-    return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok"}
+    return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok",
+            **protocol_skipped(mixer)}  # members the pre-flight found failing (state_size, ...)
 
 
 MEASURE_TOKENS = 1 << 14  # tokens per forward pass of the measurement (examples per pass = this // T)
