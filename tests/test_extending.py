@@ -144,17 +144,19 @@ def test_the_documented_example_runs_through_the_cli(tmp_path):
     assert "[harness] state 16,640 elements/head" in proc.stdout
 
 
-def test_a_mixer_with_only_a_forward_pass_trains_and_says_what_it_skipped(user_dir):
+def test_a_mixer_with_only_a_forward_pass_trains_is_measured_by_its_jacobian_and_says_what_it_skipped(user_dir):
     out = user_dir / "run"
     proc = cli(["model.name=mymixers.RunningMean", "trainer=debug", "logger=none", f"out_dir={out}"],
                cwd=user_dir, pythonpath=user_dir)
     assert proc.returncode == 0, proc.stderr
     res = results(out)
     assert res["status"] == "ok" and [r["slice"] for r in res["slices"]] == ["num_pairs"]
-    assert res["measure"] == {"sharpness": "skipped: no effective_weights", "snr": "skipped: no effective_weights",
+    assert res["measure"] == {"sharpness": "jacobian estimate", "snr": "skipped: no effective_weights",
                               "snr_predicted": "skipped: no d_key", "trained_theory": "skipped: no effective_weights"}
-    assert "state_bytes" not in res["summary"] and res["heads"] == []
+    assert "state_bytes" not in res["summary"] and res["summary"]["weights"] == "jacobian estimate"
+    assert res["heads"] and all("snr_measured" not in r for r in res["heads"])  # sharpness only
     assert "[harness] state" not in proc.stdout
+    assert "[harness] retrieval layer (jacobian estimate): weight on the correct key" in proc.stdout
 
 
 def test_an_fla_style_layer_plugs_in_without_a_wrapper(user_dir):
