@@ -237,4 +237,8 @@ def preflight(config, lengths: list[tuple[int, str]]) -> nn.Module:
         mixer.zero_grad(set_to_none=True)
     check_members(mixer, max(t for t, _ in lengths))
     warn_unused_options(config, cls, mixer)
+    if getattr(config, "short_conv", False):  # like for like: said plainly, not silently assumed
+        print(f"[harness] note: model.short_conv applies inside the built-in mixers only; model.name="
+              f"{config.name} runs with whatever short convolution it has itself (model.pos_emb, the "
+              "model's embedding, applies to it)", flush=True)
     return mixer
