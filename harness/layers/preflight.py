@@ -203,16 +203,12 @@ def run_lengths(task_module, task_cfg) -> list[tuple[int, str]]:
     return out
 
 
-def preflight(config, lengths: list[tuple[int, str]]) -> nn.Module:
-    """Build layer 0's mixer and run it forward and backward at batch 1 at each length; a failure
-    is a ValueError (one line) naming the length and the options likely to set. Then check every
+def preflight(config, lengths: list[tuple[int, str]], cls: type, kwargs: dict, mixer: nn.Module) -> nn.Module:
+    """Run layer 0's mixer (built by harness.layers.registry.check_mixer from `cls` and the
+    constructor `kwargs`) forward and backward at batch 1 at each length; a failure is a
+    ValueError (one line) naming the length and the options likely to set. Then check every
     protocol member once (warnings, never errors) and the unused options. Returns the mixer."""
-    from harness.layers import registry
-
-    cls = registry.resolve(config.name)
-    kwargs = registry.constructor_kwargs(cls, config, 0)
     hints = option_hints(cls, kwargs)
-    mixer = registry.build(config, 0)
     for T, what in lengths:
         x = torch.randn(1, T, config.d_model, requires_grad=True)
         step = "forward"

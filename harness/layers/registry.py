@@ -148,4 +148,5 @@ def check_mixer(config, lengths=None) -> None:
         return
     from harness.layers.preflight import preflight
 
-    preflight(config, lengths or [(8, "8 tokens")])
+    cls = resolve(config.name)
+    preflight(config, lengths or [(8, "8 tokens")], cls, constructor_kwargs(cls, config, 0), build(config, 0))
