@@ -582,4 +582,7 @@ def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Pa
         print(f"[harness] retrieval head: weight on the correct key {summary['target_weight']:.3f}, "
               f"SNR measured {summary.get('snr_measured', float('nan')):.2f} "
               f"vs predicted {summary.get('snr_predicted', float('nan')):.2f}")
+    elif summary.get("target_weight") is not None:  # harness.measure.jacobian, for a mixer without weights
+        print(f"[harness] retrieval layer ({summary.get('weights')}): weight on the correct key "
+              f"{summary['target_weight']:.3f}")
     print(f"[harness] results: {out_dir / RESULTS_FILE}")
