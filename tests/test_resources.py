@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from harness.bench.memory import LiveMemory
+from harness.peak_memory import LiveMemory
 from harness.config.build import build_model, task_config
 from harness.config.compose import compose_config
 from harness.devices import LIMIT_ENV, format_bytes, memory_limit, parse_bytes

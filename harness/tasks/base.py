@@ -56,6 +56,11 @@ class Batch(NamedTuple):
                      tuple((name, value.to(device)) for name, value in self.other_slices))
 
 
+def batch_field(batch, name: str):
+    """A field of a Batch or of a mapping with the same keys."""
+    return batch[name] if isinstance(batch, dict) else getattr(batch, name)
+
+
 def label_positions(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The labelled positions of each row and their targets, each (B, K) long.
 

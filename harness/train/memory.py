@@ -13,7 +13,7 @@ forms no (T x T) matrix. The end-of-run measurements hold every mixer's hook ten
 three vocabulary-wide rows per token (logits, log-softmax, gradient).
 
 The figures are deliberately a little high: tests/test_resources.py holds every built-in mixer
-between the peak measured by harness.bench.memory and three times it. `check_training` refuses
+between the peak measured by harness.peak_memory and three times it. `check_training` refuses
 in one line what cannot fit; `eval_chunk` streams evaluation in pieces that do.
 """
 from __future__ import annotations
