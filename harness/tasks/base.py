@@ -13,6 +13,8 @@ from typing import NamedTuple, NoReturn, TypeVar
 
 import torch
 
+from harness.checks import require
+
 IGNORE = -100      # target value where there is no loss (torch's cross_entropy default)
 PAD = 0            # token 0 is never a key, value or trigger: it is the filler/padding token
 NO_SLICE = -1      # slice_value and target_pos where there is no label
@@ -80,11 +82,6 @@ def label_positions(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fail(message: str) -> NoReturn:
     raise ValueError(message)
-
-
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        fail(message)
 
 
 def check_int(task: str, name: str, value: object, minimum: int = 1) -> None:
