@@ -28,7 +28,6 @@ import pandas as pd
 
 RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.jsonl"
-TABLES = ("slices", "heads", "probe", "cost", "settings", "metrics")
 RUN_COLUMNS = ("run_dir", "mode", "status", "error", "task", "model", "schema")
 # Groups of run columns, in the order they appear after the fixed ones.
 _PREFIXES = ("config.", "summary.", "env.")

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from analysis.pipeline import render, report, sweep_command
+
 SMOKE_BATCH = 2
 SMOKE = ["logger=none", "trainer.max_steps=1", f"trainer.batch_size={SMOKE_BATCH}",
          f"trainer.eval_examples={SMOKE_BATCH}", f"trainer.measure_examples={SMOKE_BATCH}",
@@ -82,15 +84,13 @@ def run(profile: str, root: Path, out_dir: Path, specs, *, smoke_grid: str = "al
     """Run the smoke into ``root``, draw ``specs`` into ``out_dir``, print the cost; exit code
     0 when every job ran and every figure was drawn, 1 otherwise. ``only``: the experiments of
     the figures asked for (`--only`); None: every experiment file of the profile."""
-    from analysis import figures
-
     runner = runner or subprocess.run
     names = [n for n in experiments(profile) if only is None or n in only]
     started = time.time()
     failed = []
     for name in names:
         params = sweep_params(profile, name)
-        cmd = [*figures.sweep_command(profile, name, root / name), *SMOKE, *grid_overrides(params, smoke_grid)]
+        cmd = [*sweep_command(profile, name, root / name), *SMOKE, *grid_overrides(params, smoke_grid)]
         print(f"smoke {name} ({job_count(params, smoke_grid)} jobs): {' '.join(cmd)}", flush=True)
         t0 = time.time()
         code = runner(cmd, check=False).returncode
@@ -98,13 +98,13 @@ def run(profile: str, root: Path, out_dir: Path, specs, *, smoke_grid: str = "al
         if code != 0:
             failed.append(name)
     elapsed = time.time() - started
-    written, missed = figures.render(specs, root, out_dir)
+    written, missed = render(specs, root, out_dir)
     estimate = cost_estimate(profile, root, names)
     (root / COST_FILE).write_text(json.dumps(estimate, indent=2) + "\n")
     print(format_estimate(estimate, profile, elapsed))
     if failed:
         print(f"python -m analysis.figures: smoke sweeps that failed: {', '.join(failed)}", file=sys.stderr)
-    code = figures.report(written, missed, specs, out_dir)
+    code = report(written, missed, specs, out_dir)
     return 1 if failed or code else 0
 
 

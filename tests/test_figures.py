@@ -14,7 +14,7 @@ import pytest
 from conftest import make_results
 from matplotlib.figure import Figure
 
-from analysis import figures, stats
+from analysis import figures, pipeline, stats
 from analysis.loader import load_all
 from analysis.plots.capacity import capacity_figure
 from analysis.plots.common import palette, retrieval_heads
@@ -365,7 +365,7 @@ def test_results_mode_writes_every_figure_and_runs_nothing(tree, tmp_path, monke
     def no_sweeps(cmd, **kwargs):
         raise AssertionError(f"--results ran {cmd}")
 
-    monkeypatch.setattr(figures.subprocess, "run", no_sweeps)
+    monkeypatch.setattr(pipeline.subprocess, "run", no_sweeps)
     out = tmp_path / "figs"
     assert figures.main(["--results", str(tree), "--out", str(out)]) == 0
     printed = capsys.readouterr()
@@ -409,8 +409,8 @@ def test_missing_sweeps_are_run_then_plotted(profile, tmp_path, monkeypatch, cap
         return paths
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(figures.subprocess, "run", fake_run)
-    monkeypatch.setattr(figures, "save_figure", drawn)
+    monkeypatch.setattr(pipeline.subprocess, "run", fake_run)
+    monkeypatch.setattr(pipeline, "save_figure", drawn)
     # quick: every figure; paper: a subset, to check the experiment names at less cost.
     chosen = NAMES if profile == "quick" else ["capacity", "snr", "state_vs_kv", "cost"]
     assert figures.main(["--profile", profile, "--out", "figs", "--only", *chosen]) == 1  # cost not drawn
@@ -442,7 +442,7 @@ def test_bad_arguments_are_one_line_before_any_work(tree, tmp_path, capsys, monk
     def no_sweeps(cmd, **kwargs):
         raise AssertionError(f"ran {cmd}")
 
-    monkeypatch.setattr(figures.subprocess, "run", no_sweeps)
+    monkeypatch.setattr(pipeline.subprocess, "run", no_sweeps)
     line = _one_line_error(["--results", str(tmp_path / "nonexistent"), "--out", str(tmp_path / "o")], capsys)
     assert "nonexistent: no such file or directory" in line
     (tmp_path / "empty").mkdir()

@@ -186,10 +186,3 @@ class Mixer(nn.Module):
         """a_ij of the rows `rows` ((R,) positions; None: every position), (B, H, R, T), built
         for those rows alone (the ops weights functions take `rows`): O(R T) memory."""
         raise NotImplementedError
-
-
-def select_rows(weights: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
-    """(B, H, T, T) -> (B, H, R, T): the rows asked for (all when rows is None). For an outside
-    mixer that can only build the whole matrix; the built-in mixers pass `rows` to the ops
-    weights functions, which build those rows alone (O(R T) memory, what long lengths need)."""
-    return weights if rows is None else weights[:, :, rows.to(weights.device)]

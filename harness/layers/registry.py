@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 from torch import nn
 
+from harness.errors import first_line
+
 _BUILTINS: dict[str, type] = {}
 _NOT_MIXERS = ("parts", "protocol", "registry")  # modules of this package that define no mixer
 _discovered = False
@@ -83,17 +85,13 @@ def import_object(path: str, key: str, base: type | None = None) -> Any:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or the module itself failing on import
         raise ValueError(f"{key}={path}: cannot import module {module_name!r} "
-                         f"({type(exc).__name__}: {_first_line(exc)})") from None
+                         f"({type(exc).__name__}: {first_line(exc)})") from None
     if not hasattr(module, attr):
         raise ValueError(f"{key}={path}: module {module_name!r} has no attribute {attr!r}")
     obj = getattr(module, attr)
     if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
         raise ValueError(f"{key}={path}: {attr!r} is not a subclass of {base.__module__}.{base.__name__}")
     return obj
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def supplied(config, layer_idx: int) -> dict[str, Any]:

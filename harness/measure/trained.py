@@ -55,6 +55,7 @@ from harness.layers.preflight import skipped as protocol_skipped
 from harness.measure.jacobian import JACOBIAN_EXAMPLES, LABEL as JACOBIAN_LABEL, jacobian_weights
 from harness.layers.protocol import lacks, mixer_hooks
 from harness.measure.theory import predicted_snr
+from harness.tasks.base import batch_field
 
 METRICS = ("entropy", "norm_entropy", "eff_support", "max_weight", "target_weight", "target_rank", "monotonicity")
 
@@ -257,13 +258,6 @@ def effective_count(gain_sq: torch.Tensor, target_pos: torch.Tensor) -> torch.Te
 # Whole-model measurement.
 
 
-def _field(batch, name: str):
-    return batch[name] if isinstance(batch, dict) else getattr(batch, name)
-
-
-STAT_SUMS = ("sig2", "noise2", "other2", "target2")  # summed, not averaged, over rows (ratios of sums)
-
-
 def _layer_rows(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tensor, span: int,
                 with_snr: bool) -> Optional[dict]:
     """Statistics of one layer at the query rows of a few examples: each (H, R) float64 on the
@@ -379,10 +373,10 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
     for a decay mixer. "measure" says for each measurement "ok" or why it was skipped (a mixer
     that declares no effective_weights, no hook_v, no d_key).
     """
-    inputs = _field(batch, "inputs")[:max_examples]
-    target_pos = _field(batch, "target_pos")[:max_examples].cpu()
-    slice_value = _field(batch, "slice_value")[:max_examples].cpu()
-    slice_name = _field(batch, "slice_name")
+    inputs = batch_field(batch, "inputs")[:max_examples]
+    target_pos = batch_field(batch, "target_pos")[:max_examples].cpu()
+    slice_value = batch_field(batch, "slice_value")[:max_examples].cpu()
+    slice_name = batch_field(batch, "slice_name")
     query = target_pos >= 0  # (B, T)
     device = next(model.parameters()).device
     B, T = query.shape

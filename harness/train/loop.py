@@ -28,11 +28,10 @@ from harness.layers.parts import qk_width
 from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
                              flat_config, write_json)
 from harness.config.build import build_model, model_config, task_config
-from harness.devices import select_device
-from harness.tasks import label_positions, train_length
+from harness.devices import format_bytes, select_device
+from harness.tasks import IGNORE, label_positions, train_length
 from harness.train.memory import examples_per_pass
 
-IGNORE = -100
 
 
 def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
@@ -173,10 +172,10 @@ def _evaluate_set(model, es: EvalSet, autocast, per_pass: int) -> tuple[dict, li
 def _eval_memory(model, es: EvalSet, autocast, per_pass: int) -> int:
     """Peak bytes of one evaluation pass at this setting's length (the streamed evaluation holds
     one pass at a time, so this is its peak), beyond the parameters and the held-out batch.
-    CUDA: torch.cuda.max_memory_allocated. CPU: the live-memory tracker (harness.memory), with
+    CUDA: torch.cuda.max_memory_allocated. CPU: the live-memory tracker (harness.peak_memory), with
     the fused CPU chunk kernels off for the pass, as the tracker cannot see inside them (the
     batched forms they stand for hold at least as much)."""
-    from harness.memory import peak_memory
+    from harness.peak_memory import peak_memory
     from harness.ops import fused_cpu_enabled, set_fused_cpu
 
     device = es.batch.inputs.device
@@ -278,14 +277,6 @@ def state_summary(model, task_seq_len: int) -> dict[str, Any]:
         out.update(state_elements_per_head=state // heads, state_elements_per_layer=state // cfg.n_layers,
                    state_bytes=state * bytes_per)
     return out
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 class StepClock:
@@ -576,8 +567,8 @@ def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Pa
           f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
     if "state_bytes" in summary:
         print(f"[harness] state {summary['state_elements_per_head']:,} elements/head "
-              f"({_fmt_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
-              f"{_fmt_bytes(summary['kv_cache_bytes'])})")
+              f"({format_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
+              f"{format_bytes(summary['kv_cache_bytes'])})")
     if summary.get("target_weight") is not None and "snr_measured" in summary:
         print(f"[harness] retrieval head: weight on the correct key {summary['target_weight']:.3f}, "
               f"SNR measured {summary.get('snr_measured', float('nan')):.2f} "
