@@ -115,6 +115,39 @@ def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> li
         if code != 0:
             warn(f"sweep {experiment} exited with status {code}")
         ran.append(experiment)
+        extend_edge_rates(root, experiment, profile, runner)
+    return ran
+
+
+def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, params=None) -> list[Path]:
+    """The learning-rate edge rule (analysis.lr_edge): for each mixer whose chosen rate sits at
+    an edge of the experiment's grid, a second sweep at the next rate out; returns the folders
+    of the second-stage sweeps run."""
+    from analysis import lr_edge
+
+    runner = runner or subprocess.run
+    if params is None:
+        from analysis.smoke import sweep_params
+
+        try:
+            params = sweep_params(profile, experiment)
+        except Exception as err:  # an experiment that does not compose was reported by its sweep
+            warn(f"sweep {experiment}: learning-rate edge rule skipped ({type(err).__name__}: {err})")
+            return []
+    sweep_dir = root / experiment
+    todo = lr_edge.extensions(lr_edge.run_scores(sweep_dir), lr_edge.grid_rates(params))
+    ran = []
+    for lr, models in todo.items():
+        out = lr_edge.extension_dir(sweep_dir, lr)
+        if has_results(out):
+            continue
+        cmd = sweep_command(profile, experiment, out) + lr_edge.extension_overrides(lr, models)
+        print(f"running sweep {experiment} at lr {lr:.3g} (chosen rate at the grid's edge for "
+              f"{', '.join(models)}): {' '.join(cmd)}", flush=True)
+        code = runner(cmd, check=False).returncode
+        if code != 0:
+            warn(f"sweep {experiment} at lr {lr:.3g} exited with status {code}")
+        ran.append(out)
     return ran
 
 
