@@ -147,3 +147,43 @@ def test_evaluation_streamed_in_passes_is_one_pass_and_runs_the_chunk_form():
     for a, b in zip(whole["settings"], streamed["settings"]):
         assert a["accuracy"] == b["accuracy"] and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     assert whole["slices"] == streamed["slices"]
+
+
+# A learning rate too small to move the loss by 0.1 %: every evaluation after the first is a
+# plateau. Evaluations at steps 2, 4, 6, ...
+PLATEAU = ["trainer.lr=1e-9", "trainer.max_steps=30", "trainer.eval_every=2", "trainer.ckpt_every=4",
+           "trainer.target_accuracy=null", "trainer.measure=false", "trainer.min_delta=1.0"]
+
+
+def test_plateau_stops_early_with_its_reason(tmp_path):
+    s = run(tmp_path, *PLATEAU, "trainer.patience=3")["summary"]
+    # step 2 improves (the first evaluation), 4, 6 and 8 do not: the third of them stops the run
+    assert s["stop_reason"] == "plateau" and s["stopped_early"] is True
+    assert s["steps"] == s["steps_run"] == 8
+    assert s["best_val_step"] is not None and 0 <= s["best_val_accuracy"] <= 1
+    s = run(tmp_path / "late", *PLATEAU, "trainer.patience=3", "trainer.min_steps=13")["summary"]
+    assert s["stop_reason"] == "plateau" and s["steps"] == 14  # the first evaluation from step 13 on
+
+
+def test_patience_null_never_stops_early(tmp_path):
+    s = run(tmp_path, *PLATEAU)["summary"]
+    assert s["stop_reason"] == "max_steps" and s["stopped_early"] is False and s["steps"] == 30
+
+
+def test_resumed_run_keeps_the_plateau_counter(tmp_path):
+    """Killed after step 5 (checkpoint at 4: one evaluation without improvement so far), the rerun
+    stops at step 8 as the whole run does; a counter started afresh would stop at 12."""
+    from harness.train.loop import train
+
+    def crash(step):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    cfg = compose_config(["trainer=debug", "logger=none", f"out_dir={tmp_path}", *PLATEAU, "trainer.patience=3"])
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path, on_step=crash)
+    res = run(tmp_path, *PLATEAU, "trainer.patience=3")
+    whole = run(tmp_path / "whole", *PLATEAU, "trainer.patience=3")
+    assert res["summary"]["steps"] == whole["summary"]["steps"] == 8
+    assert res["summary"]["best_val_step"] == whole["summary"]["best_val_step"]
+    assert res["summary"]["loss"] == whole["summary"]["loss"]

@@ -30,6 +30,13 @@ class TrainerConfig:
     eval_examples: int = 256           # held-out examples per evaluation setting
     eval_tokens: int = 16384           # tokens per evaluation forward pass (examples per pass = this // length)
     target_accuracy: Optional[float] = 0.99   # early stop once every setting reaches it
+    # plateau stop: after `patience` validation evaluations in a row without improvement (None: never).
+    # An evaluation improves when val accuracy > best + min_delta, or val loss < best loss * (1 - 1e-3):
+    # the loss clause keeps a run going through the first plateau, where every mixer sits near
+    # zero accuracy for hundreds of steps before it escapes.
+    patience: Optional[int] = None
+    min_delta: float = 0.0
+    min_steps: int = 0                 # never stopped at a plateau before this step
     device: str = "auto"               # auto | cpu | cuda | cuda:N
     threads: Optional[int] = None      # CPU threads of this run; None: torch's default (all cores)
     precision: str = "fp32"            # fp32 | bf16 (autocast on CUDA/CPU)

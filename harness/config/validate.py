@@ -59,6 +59,9 @@ def _check_trainer(tr: dict) -> None:
     checks.number("trainer.min_lr_ratio", tr["min_lr_ratio"], "[0, 1]")
     checks.number("trainer.grad_clip", tr["grad_clip"], "[0, inf)")  # 0 turns clipping off
     checks.number("trainer.target_accuracy", tr["target_accuracy"], "(0, 1]", nullable=True)
+    checks.integer("trainer.patience", tr["patience"], nullable=True)
+    checks.number("trainer.min_delta", tr["min_delta"], "[0, inf)")
+    checks.integer("trainer.min_steps", tr["min_steps"], minimum=0)
     for key in ("compile", "progress", "checkpoint", "measure"):
         checks.boolean(f"trainer.{key}", tr[key])
     checks.choice("trainer.precision", tr["precision"], PRECISIONS)

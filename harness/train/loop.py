@@ -1,8 +1,9 @@
 """Training loop: config -> task batches -> model -> metrics -> results.json.
 
 AdamW with warmup and cosine decay, gradient clipping, evaluation on the validation split
-every `trainer.eval_every` steps and at the end (metrics.jsonl, early stop once every
-evaluation setting reaches `trainer.target_accuracy`), and on the test split once at the end
+every `trainer.eval_every` steps and at the end (metrics.jsonl; early stop once every
+evaluation setting reaches `trainer.target_accuracy`, or after `trainer.patience` evaluations
+without improvement: the summary's `stop_reason`), and on the test split once at the end
 (the accuracy results.json reports; `val_accuracy` beside it is what a sweep selects on).
 Training batches are generated on the device, `data_chunk` steps at a time in one vectorised call; the loss is read back to the host only when the progress
 bar refreshes, so the hot loop has no other host-device sync.
@@ -308,6 +309,21 @@ class StepClock:
         return ordered[len(ordered) // 2]
 
 
+LOSS_GAIN = 1e-3  # a validation loss this much below the best (relative) is an improvement
+
+
+def stop_reason(loop: "LoopState", last_eval: dict[str, Any], step: int, target_accuracy: float | None,
+                patience: int | None, min_steps: int) -> str | None:
+    """Why the run stops after this evaluation, or None to go on: "target_accuracy" once every
+    setting reaches it, "plateau" after `patience` evaluations without improvement (from step
+    `min_steps` on)."""
+    if target_accuracy is not None and last_eval["min_accuracy"] >= target_accuracy:
+        return "target_accuracy"
+    if patience is not None and loop.since_best >= patience and step >= min_steps:
+        return "plateau"
+    return None
+
+
 @dataclass
 class LoopState:
     """What the training loop carries from step to step besides the model and optimiser."""
@@ -317,6 +333,23 @@ class LoopState:
     last_eval: dict[str, Any] = field(default_factory=dict)
     eval_step: int = -1
     elapsed_s: float = 0.0                   # wall time before this process (a resumed run)
+    # the plateau stop's state (in the checkpoint, so a resumed run stops at the same step)
+    best_accuracy: Optional[float] = None    # the best validation accuracy so far
+    best_step: Optional[int] = None          # the step it was first reached at
+    best_loss: Optional[float] = None        # the lowest validation loss so far
+    since_best: int = 0                      # evaluations in a row without improvement
+
+    def record_eval(self, step: int, accuracy: float, loss: float, min_delta: float) -> None:
+        """Update the plateau state with one validation evaluation. It improves when the accuracy
+        beats the best by more than `min_delta`, or the loss falls below the best by more than
+        LOSS_GAIN (relative): every mixer sits near zero accuracy for a few hundred steps before
+        it escapes, and only the loss moves there."""
+        improved = (self.best_accuracy is None or accuracy > self.best_accuracy + min_delta
+                    or loss < self.best_loss * (1 - LOSS_GAIN))
+        if self.best_accuracy is None or accuracy > self.best_accuracy:
+            self.best_accuracy, self.best_step = accuracy, step
+        self.best_loss = loss if self.best_loss is None else min(self.best_loss, loss)
+        self.since_best = 0 if improved else self.since_best + 1
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -405,12 +438,13 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
         bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{mcfg.name}",
                    disable=not tr.progress, dynamic_ncols=True, leave=True)
-        stopped_early = False
+        reason = "max_steps"
         on_step = clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
         setup_s = clock.last - t0
         # the settings each step reads, as plain values: an OmegaConf read costs microseconds
         max_steps, log_every, eval_every, ckpt_every = tr.max_steps, tr.log_every, tr.eval_every, tr.ckpt_every
         grad_clip, target_accuracy = float(tr.grad_clip), tr.target_accuracy
+        patience, min_delta, min_steps = tr.patience, float(tr.min_delta), int(tr.min_steps)
         while loop.step < max_steps:
             inputs, positions, targets = next(batches)
             with watch.forward_pass(), autocast():
@@ -442,8 +476,10 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
                 metrics.write(row)
                 logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
                 bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval['accuracy']:.3f}")
-                if target_accuracy is not None and loop.last_eval["min_accuracy"] >= target_accuracy:
-                    stopped_early = step < max_steps
+                loop.record_eval(step, loop.last_eval["accuracy"], loop.last_eval["loss"], min_delta)
+                why = stop_reason(loop, loop.last_eval, step, target_accuracy, patience, min_steps)
+                if why is not None:
+                    reason = why if step < max_steps else reason
                     break
             due = ckpt_every and step % ckpt_every == 0
             if (due or terminate.requested) and step < max_steps:
@@ -461,13 +497,15 @@ def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None 
         step, val_eval = loop.step, loop.last_eval
         if loop.eval_step != step:
             val_eval = evaluate(model, periodic, autocast, tokens=eval_tokens)
+            loop.record_eval(step, val_eval["accuracy"], val_eval["loss"], float(tr.min_delta))
         # the test split, every setting, the longer ones too, and each one's peak memory: what
         # the run reports
         last_eval = evaluate(model, eval_sets, autocast, tokens=eval_tokens, memory=True)
         summary: dict[str, Any] = {
             "accuracy": last_eval["accuracy"], "loss": last_eval["loss"],
             "val_accuracy": val_eval["accuracy"], "val_loss": val_eval["loss"], "steps": step,
-            "stopped_early": stopped_early, "params": sum(p.numel() for p in model.parameters()),
+            "stopped_early": reason != "max_steps", "stop_reason": reason, "steps_run": step,
+            "best_val_accuracy": loop.best_accuracy, "best_val_step": loop.best_step, "params": sum(p.numel() for p in model.parameters()),
             "step_time_s": clock.seconds_per_step(),
             **state_summary(model, max_len),
         }
