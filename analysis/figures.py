@@ -33,7 +33,7 @@ from analysis import smoke
 from analysis.loader import NoResultsError, find_results
 # The pipeline's pieces, importable from here as before (notebooks, tests).
 from analysis.pipeline import (FORMATS, FigureSpec, has_results, load_figure_data, render, report,  # noqa: F401
-                               run_missing_sweeps, save_figure, sweep_command)
+                               extend_edge_rates, run_missing_sweeps, save_figure, sweep_command)
 from analysis.plots.attention import attention_figure
 from analysis.plots.capacity import capacity_figure
 from analysis.plots.cost import cost_figure, state_figure

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from analysis import lr_edge
 from analysis.loader import NoResultsError, find_results, load_all
 from analysis.plots.common import warn
 
@@ -62,7 +63,56 @@ def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> li
         if code != 0:
             warn(f"sweep {experiment} exited with status {code}")
         ran.append(experiment)
+        extend_edge_rates(root, experiment, profile, runner)
     return ran
+
+
+def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, params=None) -> list[Path]:
+    """The learning-rate edge rule (analysis.lr_edge): for each mixer whose chosen rate sits at
+    an edge of the experiment's grid, a second sweep at the next rate out; returns the folders
+    of the second-stage sweeps run."""
+    runner = runner or subprocess.run
+    if params is None:
+        try:
+            params = sweep_params(profile, experiment)
+        except Exception as err:  # an experiment that does not compose was reported by its sweep
+            warn(f"sweep {experiment}: learning-rate edge rule skipped ({type(err).__name__}: {err})")
+            return []
+    sweep_dir = root / experiment
+    todo = lr_edge.extensions(lr_edge.run_scores(sweep_dir), lr_edge.grid_rates(params))
+    ran = []
+    for lr, models in todo.items():
+        out = lr_edge.extension_dir(sweep_dir, lr)
+        if has_results(out):
+            continue
+        cmd = sweep_command(profile, experiment, out) + lr_edge.extension_overrides(lr, models)
+        print(f"running sweep {experiment} at lr {lr:.3g} (chosen rate at the grid's edge for "
+              f"{', '.join(models)}): {' '.join(cmd)}", flush=True)
+        code = runner(cmd, check=False).returncode
+        if code != 0:
+            warn(f"sweep {experiment} at lr {lr:.3g} exited with status {code}")
+        ran.append(out)
+    return ran
+
+
+def _compose(profile: str, name: str, overrides=()):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.config.compose import CONF_DIR
+    from harness.config.schema import register
+
+    register()
+    if not GlobalHydra.instance().is_initialized():
+        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+    full = name if profile == "quick" else f"{profile}/{name}"
+    return compose(config_name="config", overrides=[f"+experiment={full}", *overrides], return_hydra_config=True)
+
+
+def sweep_params(profile: str, name: str) -> dict[str, list[str]]:
+    """The grid of an experiment: each swept key and its values, as the sweeper will read them."""
+    params = _compose(profile, name).hydra.sweeper.params or {}
+    return {str(k): [v.strip() for v in str(v).split(",")] for k, v in params.items()}
 
 
 def save_figure(fig, out_dir: Path, name: str) -> list[Path]:

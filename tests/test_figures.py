@@ -474,9 +474,10 @@ def test_smoke_discovers_experiments_from_the_files():
     assert smoke.experiments("paper") == files
     params = smoke.sweep_params("paper", "mqar")
     assert params["model.d_model"] == ["64", "128", "256", "512"]
-    assert smoke.job_count(params, "all") == 7 * 4 * 3 * 3 * 4 * 5  # ... x learning rates x seeds
-    assert smoke.grid_overrides(params, "last") == ["model.d_model=512", "task.seq_len=512",
-                                                    "task.num_pairs=32", "trainer.lr=1e-2", "seed=4"]
+    # mixers x widths x seq_len x pairs x learning rates x seeds
+    assert smoke.job_count(params, "all") == 11 * 4 * 3 * 3 * 4 * 3
+    assert smoke.grid_overrides(params, "last") == ["model.d_model=512", "task.seq_len=256",
+                                                    "task.num_pairs=16", "trainer.lr=1e-2", "seed=2"]
 
 
 def test_smoke_runs_each_experiment_through_the_launcher_and_prices_it(tree, tmp_path, monkeypatch, capsys):
@@ -501,7 +502,7 @@ def test_smoke_runs_each_experiment_through_the_launcher_and_prices_it(tree, tmp
     assert all("trainer.max_steps=1" in c and "trainer.device=cpu" in c for c in calls)
     estimate = json.loads((root / smoke.COST_FILE).read_text())
     capacity = estimate["experiments"]["capacity"]
-    assert capacity["jobs"] == 9 * 3 * 3 * 5 and capacity["steps_per_job"] == 20000
+    assert capacity["jobs"] == 17 * 7 * 3 * 5 and capacity["steps_per_job"] == 20000
     out = capsys.readouterr().out
     assert "expected cost of the full paper profile" in out and "capacity" in out
 
