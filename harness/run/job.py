@@ -130,7 +130,7 @@ def _claim(out_dir: Path, multirun: bool) -> RunDirLock:
     return lock
 
 
-def _prepare(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
+def _write_config(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     """config.yaml written into the claimed out_dir, and the checkpoint a training run there
     continues from (loaded once, here), or None."""
     from harness.outputs.checkpoint import find_resume
@@ -170,6 +170,14 @@ def discard_refused(run_dir: Path, cfg: DictConfig) -> None:
         parent = parent.parent
 
 
+def _refused(exc: BaseException, cfg: DictConfig, run_dir: Path | None, multirun: bool) -> dict[str, Any]:
+    """A run refused before it could record anything (a bad config, no place to write): said, and
+    stopped (a sweep goes on); a single run's bad input leaves no run directory behind."""
+    if not multirun and run_dir is not None and isinstance(exc, ValueError):
+        discard_refused(run_dir, cfg)
+    return _give_up(exc, cfg, multirun)
+
+
 def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool, also: str = "") -> dict[str, Any]:
     """A failed job: in a sweep, report it and let the sweep go on; alone, exit non-zero with
     one line (2 for bad input, 1 for a run error), or re-raise anything unexpected. ``also``:
@@ -186,20 +194,13 @@ def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool, also: str = ""
 def run_job(cfg: DictConfig, plan: RunPlan | None = None) -> dict[str, Any]:
     """One run of cfg; ``plan``: cfg's plan, when the caller made it before Hydra started."""
     run_dir, multirun, sweep_dir = _hydra_context()
-    if not multirun:  # refused before anything is written (a sweep records the failure instead)
-        try:
-            plan = plan_for(cfg, plan)
-        except ValueError as exc:
-            if run_dir is not None:
-                discard_refused(run_dir, cfg)
-            return _give_up(exc, cfg, multirun)
     try:
+        if not multirun:  # refused before anything is written (a sweep records the failure instead)
+            plan = plan_for(cfg, plan)
         out_dir = _make_output_dir(cfg, run_dir)
         lock = _claim(out_dir, multirun)
-    except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
-        if not multirun and run_dir is not None and isinstance(exc, ValueError):
-            discard_refused(run_dir, cfg)
-        return _give_up(exc, cfg, multirun)
+    except (ValueError, RunError) as exc:
+        return _refused(exc, cfg, run_dir, multirun)
     try:
         return _run_claimed(cfg, plan, out_dir, run_dir, multirun, sweep_dir)
     finally:
@@ -217,11 +218,9 @@ def _run_claimed(cfg: DictConfig, plan: RunPlan | None, out_dir: Path, run_dir: 
     if multirun and sweep_dir is not None:
         set_aside_other_run(out_dir, sweep_dir, config_hash(cfg))
     try:
-        saved = _prepare(cfg, out_dir)
-    except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
-        if not multirun and run_dir is not None and isinstance(exc, ValueError):
-            discard_refused(run_dir, cfg)
-        return _give_up(exc, cfg, multirun)
+        saved = _write_config(cfg, out_dir)
+    except (ValueError, RunError) as exc:
+        return _refused(exc, cfg, run_dir, multirun)
 
     started = time.time()
     try:

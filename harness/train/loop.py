@@ -31,8 +31,7 @@ from tqdm.auto import tqdm
 
 from harness.errors import OutOfMemory, RunError, first_line, is_out_of_memory
 from harness.layers.parts import qk_width
-from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
-                             flat_config, write_json)
+from harness.outputs.results import METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info, write_json
 from harness.tasks import label_positions
 from harness.train.evaluate import (IGNORE, EvalSet, evaluate, make_eval_sets, periodic_sets, setting_names,
                                     with_val_accuracy)
@@ -214,12 +213,11 @@ class LoopState:
         return dataclasses.asdict(self)
 
 
-def _checkpoint_payload(cfg, model, opt, sched, loop: LoopState, logger) -> dict[str, Any]:
+def _checkpoint_payload(plan: RunPlan, model, opt, sched, loop: LoopState, logger) -> dict[str, Any]:
     from harness.outputs import checkpoint
-    from harness.outputs.results import config_hash
 
-    return {"format": checkpoint.FORMAT, "step": loop.step, "config_hash": config_hash(cfg),
-            "config": flat_config(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
+    return {"format": checkpoint.FORMAT, "step": loop.step, "config_hash": plan.digest,
+            "config": plan.flat, "model": model.state_dict(), "optimizer": opt.state_dict(),
             "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(), "loop": loop.as_dict(),
             "logger_id": logger.run_id}
 
@@ -341,7 +339,7 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
         loop = _restore(saved, model, opt, sched)
         started -= loop.elapsed_s
         print(f"[harness] resuming from {saved['path']} at step {loop.step}")
-    logger = make_logger(cfg.logger, flat_config(cfg), out_dir, name=f"{cfg.task.name}-{plan.mcfg.name}",
+    logger = make_logger(cfg.logger, dict(plan.flat), out_dir, name=f"{cfg.task.name}-{plan.mcfg.name}",
                          run_id=saved.get("logger_id") if saved else None)
     ckpt_step = loop.step if saved is not None else None
     r = Run(plan, out_dir, model, step_model, watch, opt, sched, autocast_factory(device, tr.precision), loop,
@@ -434,7 +432,7 @@ def _checkpoint(r: Run, step: int) -> None:
     r.watch.check()  # only a clean state is saved: the last checkpoint is always good
     r.loop.elapsed_s = time.time() - r.started
     kept = checkpoint.save_checkpoint(r.out_dir, step, _checkpoint_payload(
-        r.plan.cfg, r.model, r.opt, r.sched, r.loop, r.logger))
+        r.plan, r.model, r.opt, r.sched, r.loop, r.logger))
     if kept is not None:  # None: a directory holds its name (warned); the last one stands
         r.ckpt_path, r.ckpt_step = kept, step
     if r.terminate.requested:

@@ -123,7 +123,7 @@ def state_bytes(f: ModelFacts) -> float:
 
 def examples_per_pass(seq_len: int, tokens: int, examples: int | None = None) -> int:
     """Examples of length `seq_len` in one evaluation pass of `tokens` tokens (at least one;
-    at most the set's `examples`): how harness.train.loop.evaluate streams a set."""
+    at most the set's `examples`): how harness.train.evaluate.evaluate streams a set."""
     per = max(1, tokens // max(1, seq_len))
     return per if examples is None else min(per, examples)
 
@@ -234,4 +234,5 @@ def total_bytes(cfg: DictConfig) -> float:
 
 
 __all__ = ["ModelFacts", "RunShape", "activation_bytes", "check_training", "eval_bytes", "eval_tokens",
-           "examples_per_pass", "fit_training", "shape_of", "model_facts", "param_count", "run_shape", "total_bytes", "train_bytes"]
+           "examples_per_pass", "fit_training", "model_facts", "param_count", "run_shape", "shape_of",
+           "total_bytes", "train_bytes"]

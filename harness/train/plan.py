@@ -29,6 +29,8 @@ class RunPlan:
     device: torch.device
     max_len: int                         # the task's longest sequence (the model's positions)
     train_len: int                       # the training length (harness.tasks.train_length)
+    flat: dict[str, Any]                 # the config flat (harness.outputs.results.flat_config)
+    digest: str                          # its hash (config_hash): what a checkpoint belongs to
     eval_tokens: Optional[int] = None    # train: tokens per evaluation pass that fit the device
     core: Optional[tuple[str, int]] = None  # cost: the mixer's harness.ops core and key dimension
 
@@ -47,12 +49,14 @@ def prepare(cfg: DictConfig) -> RunPlan:
     """cfg validated (ValueError, one line, at the first bad key), its derivations, and the
     resource check of its mode (ResourceError, one line, if the device cannot hold the run)."""
     from harness.config import validate
+    from harness.outputs.results import config_hash, flat_config
     from harness.tasks import train_length
 
     checked = validate.validate_config(cfg)
     module, tcfg = checked.module, checked.tcfg
     plan = RunPlan(cfg=cfg, mcfg=checked.mcfg, module=module, tcfg=tcfg, device=checked.device,
-                   max_len=module.max_seq_len(tcfg), train_len=train_length(module, tcfg), core=checked.core)
+                   max_len=module.max_seq_len(tcfg), train_len=train_length(module, tcfg),
+                   flat=flat_config(cfg), digest=config_hash(cfg), core=checked.core)
     return replace(plan, eval_tokens=check_resources(plan))
 
 
