@@ -3,9 +3,10 @@
 Hydra reports composition errors over several lines and a stack-trace hint. A researcher who
 misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
 model is built, so a single run is first composed here with Hydra's compose API and any error
-is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. Sweeps
-(`-m`) skip the pre-check: each job validates itself, and a failing job is recorded without
-stopping the others.
+is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. The
+pre-check is the run's plan (harness.train.plan.prepare: the one validation, the resource
+check), handed to the job Hydra starts. Sweeps (`-m`) skip the pre-check: each job prepares its
+own plan, and a failing job is recorded without stopping the others.
 """
 from __future__ import annotations
 
