@@ -26,17 +26,16 @@ of ``analysis.loader.load_all`` (or a results path) and returns a matplotlib Fig
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from analysis.loader import NoResultsError, find_results, load_all
+from analysis import smoke
+from analysis.loader import NoResultsError, find_results
+# The pipeline's pieces, importable from here as before (notebooks, tests).
+from analysis.pipeline import (FORMATS, FigureSpec, has_results, load_figure_data, render, report,  # noqa: F401
+                               extend_edge_rates, run_missing_sweeps, save_figure, sweep_command)
 from analysis.plots.attention import attention_figure
 from analysis.plots.capacity import capacity_figure
-from analysis.plots.common import warn
 from analysis.plots.cost import cost_figure, state_figure
 from analysis.plots.forgetting import forgetting_figure
 from analysis.plots.frontier import frontier_figure
@@ -49,20 +48,6 @@ from analysis.plots.sharpness import sharpness_figure
 from analysis.plots.snr import snr_figure
 
 PROFILES = ("quick", "paper")
-FORMATS = ("png", "pdf")
-
-
-@dataclass(frozen=True)
-class FigureSpec:
-    name: str                 # file name stem
-    experiment: str | None    # sweep it reads from <results>/<experiment>; None: needs no runs
-    draw: Callable
-    also: tuple[str, ...] = ()  # other sweeps whose results it draws too (run when missing)
-    reopens_runs: bool = False  # draws from runs' weights (harness.load_run): takes trust_code
-
-    @property
-    def experiments(self) -> tuple[str, ...]:
-        return () if self.experiment is None else (self.experiment, *self.also)
 
 
 FIGURES = (
@@ -81,103 +66,6 @@ FIGURES = (
     FigureSpec("forgetting", "forgetting", forgetting_figure),
     FigureSpec("learning", "sharpness", learning_figure, also=("capacity",)),  # default recall and capacity tasks
 )
-
-
-def sweep_command(profile: str, experiment: str, sweep_dir: Path) -> list[str]:
-    """The multirun that produces ``sweep_dir`` for one experiment of a profile."""
-    name = experiment if profile == "quick" else f"{profile}/{experiment}"
-    return [sys.executable, "-m", "harness", "-m", f"+experiment={name}",
-            f"hydra.sweep.dir={_override_value(sweep_dir.resolve())}"]
-
-
-def has_results(sweep_dir: Path) -> bool:
-    try:
-        return bool(find_results(sweep_dir))
-    except NoResultsError:
-        return False
-
-
-def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> list[str]:
-    """Run each experiment that has no results under ``root``; returns the ones run.
-
-    ``runner`` is subprocess.run unless given. A sweep that fails is reported and left: its
-    figure draws from what it wrote, or is skipped.
-    """
-    runner = runner or subprocess.run
-    ran = []
-    for experiment in experiments:
-        sweep_dir = root / experiment
-        if has_results(sweep_dir):
-            continue
-        cmd = sweep_command(profile, experiment, sweep_dir)
-        print(f"running sweep {experiment}: {' '.join(cmd)}", flush=True)
-        code = runner(cmd, check=False).returncode
-        if code != 0:
-            warn(f"sweep {experiment} exited with status {code}")
-        ran.append(experiment)
-    return ran
-
-
-def save_figure(fig, out_dir: Path, name: str) -> list[Path]:
-    """Write ``fig`` as ``out_dir/name.png`` and ``out_dir/name.pdf``, and each table the
-    figure carries (``fig.tables``: every learning rate's result, fitted numbers) as
-    ``out_dir/<table>.csv`` beside it."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.{fmt}" for fmt in FORMATS]
-    for path in paths:
-        fig.savefig(path, dpi=150, bbox_inches="tight")
-    for table_name, frame in getattr(fig, "tables", {}).items():
-        if frame is not None and len(frame):
-            path = out_dir / f"{table_name}.csv"
-            frame.to_csv(path, index=False)
-            paths.append(path)
-    return paths
-
-
-def load_figure_data(root: Path, spec: FigureSpec):
-    """The long frame of every sweep ``spec`` reads (its own first); NoResultsError when its
-    own sweep has none. A missing extra sweep only leaves its rows out."""
-    frames = [load_all(root / spec.experiment)]
-    for extra in spec.also:
-        try:
-            frames.append(load_all(root / extra))
-        except NoResultsError:
-            warn(f"figure {spec.name}: no results in {root / extra}; drawn without them")
-    if len(frames) == 1:
-        return frames[0]
-    import pandas as pd
-
-    return pd.concat(frames, ignore_index=True, sort=False)
-
-
-def render(specs, root: Path, out_dir: Path, *, trust_code: bool = False) -> tuple[dict[str, list[Path]], list[str]]:
-    """Draw and save each figure from ``root``: (paths of the figures written, names not drawn).
-
-    A figure whose data is absent is skipped with its warning; one that raises is reported;
-    the others are still drawn either way. A run whose results.json is damaged or malformed is
-    left out of its figure, named in a note (analysis.loader keeps it as a failed run).
-    ``trust_code``: figures that reopen runs may import the outside code (a dotted model.name)
-    their configs name (harness.load_run's trust_code); otherwise such a run is refused.
-    """
-    written, missed = {}, []
-    for spec in specs:
-        options = {"trust_code": trust_code} if spec.reopens_runs else {}
-        try:
-            fig = spec.draw() if spec.experiment is None else spec.draw(load_figure_data(root, spec), **options)
-        except NoResultsError as err:
-            warn(f"figure {spec.name} skipped: {err}")
-            missed.append(spec.name)
-            continue
-        except Exception as err:  # one broken figure must not cost the others
-            warn(f"figure {spec.name} failed: {type(err).__name__}: {err}")
-            missed.append(spec.name)
-            continue
-        if fig is None:
-            missed.append(spec.name)
-            continue
-        written[spec.name] = save_figure(fig, out_dir, spec.name)
-        print(f"{spec.name}: " + ", ".join(str(p) for p in written[spec.name]), flush=True)
-    return written, missed
 
 
 class ArgumentError(ValueError):
@@ -229,8 +117,6 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")  # files only, never a window
     specs = [s for s in FIGURES if not args.only or s.name in args.only]
     if args.smoke:
-        from analysis import smoke
-
         chosen = {s.experiment for s in specs if s.experiment} if args.only else None
         return smoke.run(args.profile, root, out_dir, specs, smoke_grid=args.smoke_grid, only=chosen)
     if not args.results:
@@ -238,16 +124,6 @@ def main(argv=None) -> int:
         run_missing_sweeps(root, experiments, args.profile)
     written, missed = render(specs, root, out_dir, trust_code=args.trust_code)
     return report(written, missed, specs, out_dir)
-
-
-def report(written, missed, specs, out_dir: Path) -> int:
-    """The closing lines: what was written, and (exit code 1) which figures were not drawn."""
-    print(f"wrote {len(written)} of {len(specs)} figures to {out_dir}")
-    if missed:
-        print(f"python -m analysis.figures: {len(missed)} figure(s) not drawn: {', '.join(missed)} "
-              "(see the warnings above)", file=sys.stderr)
-        return 1
-    return 0
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -276,12 +152,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --smoke: every job of each grid (all), or only the last value of each "
                              "swept key but the mixer (last: the largest sizes, a quicker check)")
     return parser
-
-
-def _override_value(path: Path) -> str:
-    """A path as a Hydra override value: quoted when it holds characters the grammar reserves."""
-    text = path.as_posix()
-    return text if re.fullmatch(r"[\w./:+-]+", text) else "'" + text.replace("'", r"\'") + "'"
 
 
 if __name__ == "__main__":

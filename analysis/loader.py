@@ -28,7 +28,6 @@ import pandas as pd
 
 RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.jsonl"
-TABLES = ("slices", "heads", "probe", "cost", "settings", "metrics")
 RUN_COLUMNS = ("run_dir", "mode", "status", "error", "task", "model", "schema")
 # Groups of run columns, in the order they appear after the fixed ones.
 _PREFIXES = ("config.", "summary.", "env.")
@@ -155,6 +154,9 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     return rows
 
 
+_EXTENDED = "lr_extended"  # analysis.lr_edge.EXTENDED_DIR
+
+
 def _collect(path) -> tuple[pd.DataFrame, dict[str, list[tuple[int, dict]]]]:
     """Read every run under ``path`` once: the runs frame and each table's (run index, row)s."""
     root = Path(path)
@@ -162,6 +164,9 @@ def _collect(path) -> tuple[pd.DataFrame, dict[str, list[tuple[int, dict]]]]:
     for i, file in enumerate(find_results(root)):
         record, run_tables = read_run(file)
         records.append({"run_dir": file.parent.as_posix(), **record})
+        if _EXTENDED in file.relative_to(root).parts[:-1]:
+            # a rate the learning-rate edge rule added past the grid (analysis.lr_edge)
+            records[-1]["lr_extended"] = True
         for name, rows in run_tables.items():
             tables.setdefault(name, []).extend((i, row) for row in rows)
         tables.setdefault("metrics", []).extend((i, row) for row in read_metrics(file.parent))

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from analysis.pipeline import render, report, sweep_command, sweep_params
+
 SMOKE_BATCH = 2
 SMOKE = ["logger=none", "trainer.max_steps=1", f"trainer.batch_size={SMOKE_BATCH}",
          f"trainer.eval_examples={SMOKE_BATCH}", f"trainer.measure_examples={SMOKE_BATCH}",
@@ -42,26 +44,6 @@ def experiments(profile: str) -> list[str]:
     root = CONF_DIR / "experiment"
     folder = root if profile == "quick" else root / profile
     return sorted(p.stem for p in folder.glob("*.yaml"))
-
-
-def _compose(profile: str, name: str, overrides=()):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from harness.config.compose import CONF_DIR
-    from harness.config.schema import register
-
-    register()
-    if not GlobalHydra.instance().is_initialized():
-        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
-    full = name if profile == "quick" else f"{profile}/{name}"
-    return compose(config_name="config", overrides=[f"+experiment={full}", *overrides], return_hydra_config=True)
-
-
-def sweep_params(profile: str, name: str) -> dict[str, list[str]]:
-    """The grid of an experiment: each swept key and its values, as the sweeper will read them."""
-    params = _compose(profile, name).hydra.sweeper.params or {}
-    return {str(k): [v.strip() for v in str(v).split(",")] for k, v in params.items()}
 
 
 def grid_overrides(params: dict[str, list[str]], grid: str) -> list[str]:
@@ -82,15 +64,13 @@ def run(profile: str, root: Path, out_dir: Path, specs, *, smoke_grid: str = "al
     """Run the smoke into ``root``, draw ``specs`` into ``out_dir``, print the cost; exit code
     0 when every job ran and every figure was drawn, 1 otherwise. ``only``: the experiments of
     the figures asked for (`--only`); None: every experiment file of the profile."""
-    from analysis import figures
-
     runner = runner or subprocess.run
     names = [n for n in experiments(profile) if only is None or n in only]
     started = time.time()
     failed = []
     for name in names:
         params = sweep_params(profile, name)
-        cmd = [*figures.sweep_command(profile, name, root / name), *SMOKE, *grid_overrides(params, smoke_grid)]
+        cmd = [*sweep_command(profile, name, root / name), *SMOKE, *grid_overrides(params, smoke_grid)]
         print(f"smoke {name} ({job_count(params, smoke_grid)} jobs): {' '.join(cmd)}", flush=True)
         t0 = time.time()
         code = runner(cmd, check=False).returncode
@@ -98,13 +78,13 @@ def run(profile: str, root: Path, out_dir: Path, specs, *, smoke_grid: str = "al
         if code != 0:
             failed.append(name)
     elapsed = time.time() - started
-    written, missed = figures.render(specs, root, out_dir)
+    written, missed = render(specs, root, out_dir)
     estimate = cost_estimate(profile, root, names)
     (root / COST_FILE).write_text(json.dumps(estimate, indent=2) + "\n")
     print(format_estimate(estimate, profile, elapsed))
     if failed:
         print(f"python -m analysis.figures: smoke sweeps that failed: {', '.join(failed)}", file=sys.stderr)
-    code = figures.report(written, missed, specs, out_dir)
+    code = report(written, missed, specs, out_dir)
     return 1 if failed or code else 0
 
 
@@ -141,6 +121,49 @@ def job_seconds(result: dict, full: dict) -> float | None:
             + measure * full["measure_examples"] / max(1, measured))
 
 
+# The GPU estimate: training FLOPs at a stated share of one H100's dense bf16 peak. An estimate,
+# not a measurement: models this small rarely reach 40% of peak, and evaluation is left out.
+GPU_NAME = "H100 SXM"
+GPU_PEAK_FLOPS = 989e12      # dense bf16, no sparsity
+GPU_UTILISATION = 0.40
+QUADRATIC = ("softmax", "swa")  # mixers whose work per token grows with the keys it sees
+
+
+def train_length(config: dict) -> int:
+    """The longest training sequence of a run's config (a mixture pads to its longest entry;
+    the interference task without seq_len stores 2 N + N tokens and a separator)."""
+    mixture = config.get("task.mixture") or []
+    lengths = [int(entry[0]) for entry in mixture if isinstance(entry, (list, tuple)) and entry]
+    seq = config.get("task.seq_len")
+    if seq is None:
+        seq = 3 * int(config.get("task.num_pairs") or 1) + 1
+    return max([int(seq), *lengths])
+
+
+def job_flops(result: dict, full: dict) -> float | None:
+    """Training FLOPs of the full job a smoke result stands for: 6 x parameters x tokens per step
+    (forward and backward), plus for softmax and the sliding window the score and mixing products
+    (6 x 2 x layers x T x keys seen x d_model per example); None for probe and cost runs."""
+    if result.get("mode") != "train":
+        return None
+    params = (result.get("summary") or {}).get("params")
+    if params is None:
+        return None
+    config = result.get("config") or {}
+    seq = train_length(config)
+    tokens = full["batch_size"] * seq
+    flops = 6.0 * params * tokens
+    if str(config.get("model.name")) in QUADRATIC:
+        keys = seq if config.get("model.window") is None else min(seq, int(config["model.window"]))
+        flops += 6.0 * 2 * int(config.get("model.n_layers") or 1) * seq * keys * int(config.get("model.d_model") or 1) \
+            * full["batch_size"]
+    return flops * full["max_steps"]
+
+
+def gpu_hours(flops: float) -> float:
+    return flops / (GPU_UTILISATION * GPU_PEAK_FLOPS) / 3600
+
+
 def cost_estimate(profile: str, root: Path, names: list[str]) -> dict:
     """Per experiment: jobs, steps, measured seconds per step and the full profile's time."""
     from analysis.loader import NoResultsError, find_results
@@ -159,16 +182,21 @@ def cost_estimate(profile: str, root: Path, names: list[str]) -> dict:
                  and r.get("summary", {}).get("step_time_s") is not None]
         devices = sorted({str((r.get("env") or {}).get("device")) for r in ok})
         mean = sum(seconds) / len(seconds) if seconds else math.nan
+        flops = [f for f in (job_flops(r, full) for r in ok) if f is not None]
+        gpu = gpu_hours(sum(flops) / len(flops)) * full["jobs"] if flops else math.nan
         rows[name] = {
             "mode": full["mode"], "jobs": full["jobs"], "smoke_jobs": len(results), "smoke_ok": len(ok),
             "steps_per_job": full["max_steps"] if full["mode"] == "train" else None,
             "batch_size": full["batch_size"] if full["mode"] == "train" else None,
             "smoke_seconds_per_step": (sorted(steps)[len(steps) // 2] if steps else None),
             "seconds_per_job": mean, "total_seconds": mean * full["jobs"], "devices": devices,
+            "gpu_hours_estimate": gpu,
         }
     total = sum(r["total_seconds"] for r in rows.values() if not math.isnan(r["total_seconds"]))
+    gpu_total = sum(r["gpu_hours_estimate"] for r in rows.values() if not math.isnan(r["gpu_hours_estimate"]))
     return {"profile": profile, "experiments": rows, "total_seconds": total,
-            "smoke_batch": SMOKE_BATCH}
+            "smoke_batch": SMOKE_BATCH, "gpu_hours_estimate": gpu_total,
+            "gpu": {"name": GPU_NAME, "peak_flops": GPU_PEAK_FLOPS, "utilisation": GPU_UTILISATION}}
 
 
 def _hours(seconds: float) -> str:
@@ -183,12 +211,25 @@ def format_estimate(estimate: dict, profile: str, elapsed: float) -> str:
              f"expected cost of the full {profile} profile on {', '.join(devices)}, one thread a job "
              f"(jobs x steps x seconds per step, scaled from batch {estimate['smoke_batch']}):",
              f"  {'experiment':<12} {'mode':<6} {'jobs':>6} {'steps':>7} {'s/step (smoke)':>15} "
-             f"{'per job':>10} {'total':>12}"]
+             f"{'per job':>10} {'total':>12} {'GPU (estimate)':>15}"]
     for name, r in rows.items():
         steps = "-" if r["steps_per_job"] is None else f"{r['steps_per_job']:,}"
         per = "-" if r["smoke_seconds_per_step"] is None else f"{r['smoke_seconds_per_step']:.2f}"
         lines.append(f"  {name:<12} {r['mode']:<6} {r['jobs']:>6,} {steps:>7} {per:>15} "
-                     f"{_hours(r['seconds_per_job']):>10} {_hours(r['total_seconds']):>12}")
+                     f"{_hours(r['seconds_per_job']):>10} {_hours(r['total_seconds']):>12} "
+                     f"{_gpu(r.get('gpu_hours_estimate', math.nan)):>15}")
     lines.append(f"  {'all':<12} {'':<6} {sum(r['jobs'] for r in rows.values()):>6,} {'':>7} {'':>15} {'':>10} "
-                 f"{_hours(estimate['total_seconds']):>12}  (job-hours: divide by the jobs run at once)")
+                 f"{_hours(estimate['total_seconds']):>12} {_gpu(estimate.get('gpu_hours_estimate', math.nan)):>15}"
+                 "  (job-hours: divide by the jobs run at once)")
+    gpu = estimate.get("gpu") or {"name": GPU_NAME, "peak_flops": GPU_PEAK_FLOPS, "utilisation": GPU_UTILISATION}
+    lines.append(f"GPU column: an estimate, not a measurement: training FLOPs (6 x parameters x tokens, plus "
+                 f"softmax's and the window's score products; evaluation left out) at "
+                 f"{gpu['utilisation']:.0%} of one {gpu['name']}'s dense bf16 peak "
+                 f"({gpu['peak_flops'] / 1e12:,.0f} TFLOP/s), in GPU-hours")
     return "\n".join(lines)
+
+
+def _gpu(hours: float) -> str:
+    if math.isnan(hours):
+        return "-"
+    return f"{hours:,.1f} GPU-h" if hours < 48 else f"{hours / 24:,.1f} GPU-d"

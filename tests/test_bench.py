@@ -18,7 +18,7 @@ import torch
 from harness.bench import cases, report
 from harness.bench.__main__ import main as bench_main
 from harness.bench.loop import _window
-from harness.bench.memory import peak_memory
+from harness.peak_memory import peak_memory
 from harness.config.compose import compose_config
 from harness.run.job import run_job
 

@@ -106,16 +106,6 @@ def test_no_usable_checkpoint_is_one_line_and_overwrites_nothing(cut_run):
     assert not (cut_run / "results.json").exists()
 
 
-def test_a_legacy_checkpoint_without_checksum_still_resumes(cut_run):
-    """checkpoint.pt of earlier versions: loading is its only check."""
-    (_, newest, _), (_, older, _) = checkpoint_files(cut_run)
-    older.unlink()
-    newest.rename(cut_run / checkpoint.LEGACY_FILE)
-    cfg = compose_config([*RUN, f"out_dir={cut_run}"])
-    saved = checkpoint.find_resume(cfg, cut_run)
-    assert saved["step"] == 40
-
-
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("finished")

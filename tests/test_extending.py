@@ -144,17 +144,19 @@ def test_the_documented_example_runs_through_the_cli(tmp_path):
     assert "[harness] state 16,640 elements/head" in proc.stdout
 
 
-def test_a_mixer_with_only_a_forward_pass_trains_and_says_what_it_skipped(user_dir):
+def test_a_mixer_with_only_a_forward_pass_trains_is_measured_by_its_jacobian_and_says_what_it_skipped(user_dir):
     out = user_dir / "run"
     proc = cli(["model.name=mymixers.RunningMean", "trainer=debug", "logger=none", f"out_dir={out}"],
                cwd=user_dir, pythonpath=user_dir)
     assert proc.returncode == 0, proc.stderr
     res = results(out)
     assert res["status"] == "ok" and [r["slice"] for r in res["slices"]] == ["num_pairs"]
-    assert res["measure"] == {"sharpness": "skipped: no effective_weights", "snr": "skipped: no effective_weights",
+    assert res["measure"] == {"sharpness": "jacobian estimate", "snr": "skipped: no effective_weights",
                               "snr_predicted": "skipped: no d_key", "trained_theory": "skipped: no effective_weights"}
-    assert "state_bytes" not in res["summary"] and res["heads"] == []
+    assert "state_bytes" not in res["summary"] and res["summary"]["weights"] == "jacobian estimate"
+    assert res["heads"] and all("snr_measured" not in r for r in res["heads"])  # sharpness only
     assert "[harness] state" not in proc.stdout
+    assert "[harness] retrieval layer (jacobian estimate): weight on the correct key" in proc.stdout
 
 
 def test_an_fla_style_layer_plugs_in_without_a_wrapper(user_dir):
@@ -181,7 +183,7 @@ def test_a_user_task_module_trains_and_reports(user_dir):
     (["model.name=nosuch.Mixer"], "model.name=nosuch.Mixer: cannot import module 'nosuch'"),
     (["model.name=mymixers.Missing"], "model.name=mymixers.Missing: module 'mymixers' has no attribute 'Missing'"),
     (["model.name=mymixers.Broken"], "model.name=mymixers.Broken: construction failed (RuntimeError: no weights"),
-    (["model.name=mymixers.Narrow"], "model.name=mymixers.Narrow: forward returned (1, 8, 32), expected (B, T, C) = (1, 8, 64)"),
+    (["model.name=mymixers.Narrow"], "model.name=mymixers.Narrow: forward returned (1, 64, 32), expected (B, T, C) = (1, 64, 64)"),
     (["model.name=mymixers.RunningMean", "model.options.window=8"],
      "model.options.window: model.name=mymixers.RunningMean takes no argument 'window'"),
     (["model=elu", "model.options.window=8"], "the built-in mixer 'elu' takes no options"),

@@ -14,7 +14,7 @@ import pytest
 from conftest import make_results
 from matplotlib.figure import Figure
 
-from analysis import figures, stats
+from analysis import figures, pipeline, stats
 from analysis.loader import load_all
 from analysis.plots.capacity import capacity_figure
 from analysis.plots.common import palette, retrieval_heads
@@ -365,7 +365,7 @@ def test_results_mode_writes_every_figure_and_runs_nothing(tree, tmp_path, monke
     def no_sweeps(cmd, **kwargs):
         raise AssertionError(f"--results ran {cmd}")
 
-    monkeypatch.setattr(figures.subprocess, "run", no_sweeps)
+    monkeypatch.setattr(pipeline.subprocess, "run", no_sweeps)
     out = tmp_path / "figs"
     assert figures.main(["--results", str(tree), "--out", str(out)]) == 0
     printed = capsys.readouterr()
@@ -409,8 +409,8 @@ def test_missing_sweeps_are_run_then_plotted(profile, tmp_path, monkeypatch, cap
         return paths
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(figures.subprocess, "run", fake_run)
-    monkeypatch.setattr(figures, "save_figure", drawn)
+    monkeypatch.setattr(pipeline.subprocess, "run", fake_run)
+    monkeypatch.setattr(pipeline, "save_figure", drawn)
     # quick: every figure; paper: a subset, to check the experiment names at less cost.
     chosen = NAMES if profile == "quick" else ["capacity", "snr", "state_vs_kv", "cost"]
     assert figures.main(["--profile", profile, "--out", "figs", "--only", *chosen]) == 1  # cost not drawn
@@ -442,7 +442,7 @@ def test_bad_arguments_are_one_line_before_any_work(tree, tmp_path, capsys, monk
     def no_sweeps(cmd, **kwargs):
         raise AssertionError(f"ran {cmd}")
 
-    monkeypatch.setattr(figures.subprocess, "run", no_sweeps)
+    monkeypatch.setattr(pipeline.subprocess, "run", no_sweeps)
     line = _one_line_error(["--results", str(tmp_path / "nonexistent"), "--out", str(tmp_path / "o")], capsys)
     assert "nonexistent: no such file or directory" in line
     (tmp_path / "empty").mkdir()
@@ -474,9 +474,10 @@ def test_smoke_discovers_experiments_from_the_files():
     assert smoke.experiments("paper") == files
     params = smoke.sweep_params("paper", "mqar")
     assert params["model.d_model"] == ["64", "128", "256", "512"]
-    assert smoke.job_count(params, "all") == 7 * 4 * 3 * 3 * 4 * 5  # ... x learning rates x seeds
-    assert smoke.grid_overrides(params, "last") == ["model.d_model=512", "task.seq_len=512",
-                                                    "task.num_pairs=32", "trainer.lr=1e-2", "seed=4"]
+    # mixers x widths x seq_len x pairs x learning rates x seeds
+    assert smoke.job_count(params, "all") == 11 * 4 * 3 * 3 * 4 * 3
+    assert smoke.grid_overrides(params, "last") == ["model.d_model=512", "task.seq_len=256",
+                                                    "task.num_pairs=16", "trainer.lr=1e-2", "seed=2"]
 
 
 def test_smoke_runs_each_experiment_through_the_launcher_and_prices_it(tree, tmp_path, monkeypatch, capsys):
@@ -501,7 +502,7 @@ def test_smoke_runs_each_experiment_through_the_launcher_and_prices_it(tree, tmp
     assert all("trainer.max_steps=1" in c and "trainer.device=cpu" in c for c in calls)
     estimate = json.loads((root / smoke.COST_FILE).read_text())
     capacity = estimate["experiments"]["capacity"]
-    assert capacity["jobs"] == 9 * 3 * 3 * 5 and capacity["steps_per_job"] == 20000
+    assert capacity["jobs"] == 17 * 7 * 3 * 5 and capacity["steps_per_job"] == 20000
     out = capsys.readouterr().out
     assert "expected cost of the full paper profile" in out and "capacity" in out
 

@@ -14,6 +14,13 @@ def test_no_cycles_and_no_upward_imports():
     assert imports.upward(g) == []
 
 
+def test_the_graph_holds_analysis_and_its_figure_modules_form_no_cycle():
+    g = imports.graph()
+    assert {"analysis.figures", "analysis.smoke", "analysis.pipeline"} <= set(g)
+    assert "analysis.figures" not in g["analysis.smoke"] and "analysis.smoke" in g["analysis.figures"]
+    assert imports.layer_of("analysis.figures") == len(imports.LAYERS) - 1
+
+
 def test_every_module_has_a_layer():
     for name in imports.graph():
         imports.layer_of(name)  # raises KeyError for a module outside LAYERS

@@ -303,7 +303,7 @@ def test_measurement_streamed_over_examples_is_the_single_pass():
 def test_measurement_memory_grows_linearly_with_length(name):
     """Rows at the query positions only: quadrupling T about quadruples the peak (a (T, T)
     weight matrix per example would make it 16 times)."""
-    from harness.bench.memory import LiveMemory
+    from harness.peak_memory import LiveMemory
 
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(name=name, d_model=16, n_heads=2, rotary=True, pos_emb="none"), 24, 4096)

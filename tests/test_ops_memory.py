@@ -13,7 +13,7 @@ import torch
 import harness.ops.decay as decay_module
 import harness.ops.scan as scan_module
 from harness import ops
-from harness.bench.memory import LiveMemory
+from harness.peak_memory import LiveMemory
 
 DK = DV = 32
 T1, T2 = 256, 512

@@ -3,6 +3,7 @@ estimate and the limit, before any allocation and within seconds; evaluation str
 pieces when a whole chunk would not fit; an out-of-memory that still happens mid-run is a
 one-line run error recorded in results.json. The estimates are held against measured peaks.
 """
+import dataclasses
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import time
 import pytest
 import torch
 
-from harness.bench.memory import LiveMemory
+from harness.peak_memory import LiveMemory
 from harness.config.build import build_model, task_config
 from harness.config.compose import compose_config
 from harness.devices import LIMIT_ENV, format_bytes, memory_limit, parse_bytes
@@ -92,6 +93,42 @@ def test_infeasible_request_is_refused_in_one_line(tmp_path, overrides, starts):
     assert re.search(r"needs about [\d.]+ [KMGT]iB[^;]*; (this machine|the limit \w+|.*cgroup.*) has [\d.]+ GiB$", line), line
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
     assert int(peak.read_text()) < 1024 * 1024  # the process never held anything near the estimate (KiB)
+
+
+def _address_space(limit_bytes: int):
+    def set_limit():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    return set_limit
+
+
+@pytest.mark.parametrize("override, starts", [
+    ("task.vocab_size=1000000000", "harness: error: training: batch 64 x length 64 x width 64 "),
+    ("task.test_seq_len=[100000000]", "harness: error: evaluation: 256 examples at length 100000000 needs about "),
+], ids=["vocabulary", "length"])
+def test_the_estimate_comes_from_the_config_alone(tmp_path, override, starts):
+    """Under a 4 GiB address space a generated batch (a 10^9-token vocabulary, a length of 10^8)
+    could not be allocated: the refusal must come from the config's numbers alone."""
+    env = dict(os.environ, WANDB_MODE="disabled", **{LIMIT_ENV: LIMIT})
+    proc = subprocess.run([sys.executable, "-m", "harness", override, "logger=none", f"out_dir={tmp_path / 'run'}"],
+                          env=env, capture_output=True, text=True, timeout=600, preexec_fn=_address_space(4 * 2**30))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = one_line(proc.stderr)
+    assert line.startswith(starts) and "needs about" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("task, overrides", [
+    ("recall", {}), ("recall", {"mixture": [[32, 2], [96, 8, 2.0]]}), ("induction", {}), ("forgetting", {}),
+    ("needle", {}), ("interference", {}), ("interference", {"seq_len": 80}),
+])
+def test_a_tasks_config_length_is_its_examples_length(task, overrides):
+    from harness.tasks import TASKS, train_length
+
+    module = TASKS[task]
+    cfg = dataclasses.replace(module.Config(), **overrides)
+    for setting in [cfg, *module.eval_settings(cfg)]:
+        assert train_length(module, setting) == module.make_batch(setting, 2, seed=0).inputs.shape[1]
 
 
 @pytest.mark.parametrize("overrides", [

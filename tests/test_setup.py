@@ -148,3 +148,14 @@ def test_an_outside_mixer_with_the_installed_package(installed, tmp_path):
     assert run.returncode == 0, run.stderr
     res = json.loads((out / "results.json").read_text())
     assert res["model"] == "mine.Mean" and res["measure"]["sharpness"] == "skipped: no effective_weights"
+
+
+def test_conf_and_tasks_at_the_top_are_links_into_the_package():
+    for name in ("conf", "tasks"):
+        link = ROOT / name
+        assert link.is_symlink() and not Path(os.readlink(link)).is_absolute(), link
+        assert link.resolve() == (ROOT / "harness" / name).resolve()
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-s", "conf", "tasks"], capture_output=True,
+                            text=True, timeout=60)
+    if listed.returncode == 0 and listed.stdout:  # a git checkout: stored as links (mode 120000)
+        assert [line.split()[0] for line in listed.stdout.splitlines()] == ["120000", "120000"]

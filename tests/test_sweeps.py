@@ -1,6 +1,8 @@
 """Sweeps: Hydra multirun through the basic, joblib and submitit_local launchers; reruns skip
 completed runs; a failing run keeps the others; wandb sweep files expand into valid configs."""
 
+from pathlib import Path
+
 import pytest
 
 from analysis.loader import load_results
@@ -143,3 +145,12 @@ def test_trained_experiments_sweep_seeds_and_every_setting_is_valid(profile, nam
         overrides = [f"+experiment={experiment}", f"model={values['model'][0]}",
                      *(f"{k}={v}" for k, v in zip(varied, combo))]
         validate_config(compose_config(overrides))
+
+
+def test_wandb_sweep_specs_sit_outside_the_hydra_config_dir():
+    """Every directory under harness/conf is a config group `python -m harness --help` lists."""
+    import harness
+    conf = Path(harness.__file__).parent / "conf"
+    files = wandb_sweeps.sweep_files()
+    assert files and all(conf not in f.parents for f in files)
+    assert not (conf / "wandb").exists()

@@ -74,6 +74,10 @@ def run_online(tmp_path: Path, port: int, **env_overrides: str):
         # No netrc, settings or cache of the user's is read or written.
         HOME=str(home), WANDB_CONFIG_DIR=str(home), WANDB_CACHE_DIR=str(home),
         WANDB_DATA_DIR=str(home),
+        # ...but the fused kernel's build stays where it is: a new HOME would rebuild it (about
+        # a minute of both cores) in every one of these runs.
+        TORCH_EXTENSIONS_DIR=os.environ.get("TORCH_EXTENSIONS_DIR",
+                                            os.path.expanduser("~/.cache/torch_extensions")),
         PYTHONUNBUFFERED="1",
     )
     env.update(env_overrides)

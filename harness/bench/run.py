@@ -24,7 +24,7 @@ from harness.allocator import allocator_state
 from harness.bench import cases as C
 from harness.bench import report
 from harness.bench.decode import DECODE_FAMILIES, decode_times
-from harness.bench.memory import peak_memory
+from harness.peak_memory import peak_memory
 from harness.bench.timing import gemm_sampler, interleaved, median
 
 CPU_SEQ_LENS = [256, 512, 1024, 2048, 4096, 8192, 16384]

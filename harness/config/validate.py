@@ -16,6 +16,7 @@ from harness import checks
 from harness.config.schema import (MODES, Config, CostConfig, LoggerConfig, ProbeConfig, SweepConfig,
                             TrainerConfig, task_schema)
 from harness.config.build import model_config, task_config
+from harness.layers.preflight import run_lengths
 from harness.layers.registry import check_mixer, resolve
 from harness.ops.cores import CORE_FORMS
 from harness.model import ModelConfig
@@ -198,11 +199,11 @@ def _validate(c: dict, cfg: DictConfig) -> Checked:
 
     mcfg = model_config(cfg.model)
     validate_model(mcfg)
-    check_mixer(mcfg)
     module, tcfg = task_config(cfg.task)
     module.validate(tcfg)
     for setting in module.eval_settings(tcfg):
         module.validate(setting)
+    check_mixer(mcfg, run_lengths(module, tcfg))  # the pre-flight at every length the run uses
     core = None
     if c["mode"] == "train":
         _check_positions_extrapolate(mcfg, module, tcfg)

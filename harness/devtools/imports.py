@@ -1,6 +1,7 @@
 """The package's import graph, its layers, and the rules it keeps.
 
-`python -m harness.devtools.imports` prints the layers of harness/ in import order (lowest
+`python -m harness.devtools.imports` prints the layers of harness/ (and of analysis/, the figure
+code beside it in a checkout, which sits above them all) in import order (lowest
 first), each with its modules and what it imports from below; it exits 1 and names the
 offending modules if the graph has a cycle or a module imports from a layer above its own.
 
@@ -16,12 +17,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE = "harness"
 ROOT = Path(__file__).resolve().parent.parent  # harness/
+ANALYSIS = ROOT.parent / "analysis"            # in a checkout; an installed wheel has none
 
 # Lowest first. Each entry is a top-level module or subpackage of harness.
 LAYERS = (
-    ("base", ("errors", "checks", "devices", "allocator", "memory")),
+    ("base", ("errors", "checks", "devices", "allocator", "peak_memory")),
     ("ops", ("ops", "features")),
     ("hooks", ("hooks",)),
     ("layers", ("layers",)),
@@ -34,6 +35,7 @@ LAYERS = (
     ("bench", ("bench",)),
     ("run", ("run", "__main__", "__init__")),
     ("devtools", ("devtools",)),
+    ("analysis", ()),          # the analysis package: it may import any layer of harness
 )
 
 
@@ -44,7 +46,8 @@ def module_name(path: Path) -> str:
 
 def modules() -> dict[str, Path]:
     """Every module of the package by dotted name."""
-    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+    paths = sorted(ROOT.rglob("*.py")) + (sorted(ANALYSIS.rglob("*.py")) if ANALYSIS.is_dir() else [])
+    return {module_name(p): p for p in paths}
 
 
 def _resolve(node: ast.ImportFrom, current: str, is_package: bool) -> str:
@@ -84,6 +87,8 @@ def graph() -> dict[str, set[str]]:
 def layer_of(module: str) -> int:
     """Index in LAYERS of a dotted module name (the package root counts as `run`)."""
     parts = module.split(".")
+    if parts[0] == "analysis":
+        return len(LAYERS) - 1
     top = parts[1] if len(parts) > 1 else "__init__"
     for i, (_, members) in enumerate(LAYERS):
         if top in members:

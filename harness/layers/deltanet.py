@@ -27,17 +27,13 @@ activation); here v stays linear, as in every other mixer of the harness, so tha
 between mixers differ only in the state update. Rotary, when on, acts on the projections
 before silu.
 
-Training notes (1-layer interference task, the capacity experiment's quick budget). Every
-write also erases along its key, so the layer has to learn to gate its writes by token: beta
-high at value positions, low at key and query tokens. With fla's Xavier-initialised W_beta
-(beta near 0.5 for every token from the start) the key and query tokens erase as much as the
-values write, and the layer sat on the interference plateau: below elu at every N, at chance
-at d = 16 and lr 3e-3. Started with weak, equal writes (beta = BETA_START for every token) and
-an open output gate, it starts near additive linear attention and learns the gating from
-there: trained at N = 16 for 2,000 steps it recalls more than elu at every tested N, at
-d_head = 16 and 32, both learning rates and both seeds (at N = d: 0.72-0.76 against
-0.47-0.49 at d = 16, 0.92-0.96 against 0.60-0.71 at d = 32; `python -m harness -m
-+experiment=capacity model=elu,deltanet model.d_model=16,32`). The short convolution keeps
+Why beta starts small and equal. Every write also erases along its key, so the layer has to
+learn to gate its writes by token: beta high at value positions, low at key and query tokens.
+With fla's Xavier-initialised W_beta (beta near 0.5 for every token from the start) the key
+and query tokens erase as much as the values write, and the layer can sit on the interference
+plateau. Started with weak, equal writes (beta = BETA_START for every token) and an open
+output gate, it starts near additive linear attention and learns the gating from there (the
+capacity experiment, `+experiment=capacity model=elu,deltanet`, compares the two). The short convolution keeps
 the harness's bias, which fla's layer does not have.
 """
 

@@ -16,11 +16,9 @@ their product then carries softmax's 1/sqrt(d) temperature.
 The denominator (`model.normalize`; None: the mixer's own default). The positive maps divide
 by phi(q).z (z > 0, so the read-out is a weighted mean of values), as Katharopoulos et al.,
 the Performer and Based (Zoology divides with eps = 1e-12) do. The identity map does not by
-default: q.z has no sign for unconstrained q and k, and in training about half of the
-denominators sat at or below zero with |q.z| / (|q| sum|k_j|) below 0.01 for one read in
-twenty, so the read-out was amplified 10-100 fold (|o| up to ~10^3), the clipped gradients
-were dominated by those reads and the 1-layer capacity model stayed at chance (0.00 at every
-N). `linear` is therefore fla's LinearAttention default: o = phi(q)^T S with no division,
+default: q.z has no sign for unconstrained q and k, so a denominator can sit at or near
+zero, amplify the read-out by orders of magnitude and let those reads dominate the clipped
+gradients (a model trained so can stay at chance). `linear` is therefore fla's LinearAttention default: o = phi(q)^T S with no division,
 and a per-head RMSNorm on the read-out (fla's output_norm) to hold its scale, the plain
 linear memory that the crosstalk law sqrt(d/N) and the untrained probe describe. With
 `model.normalize=true` it is Zoology's and Based's divided form (eps = model.eps); with

@@ -22,8 +22,9 @@ them through :class:`Mixer`; an outside mixer declares what it can.
                                                          (identity, elu1, favor, taylor, softmax,
                                                          dpfp<nu>)
   positive_denominator        bool                       fault checks: phi(q).z must stay > 0
-  state_size(sequence_length) int, elements per layer    state bytes in results.json
-                                                         (Zoology's convention)
+  state_size(sequence_length) int, elements per layer    state bytes in results.json; called by
+                                                         keyword (sequence_length=T, batch_size=1
+                                                         when taken), guarded: a failure is skipped
   hook_q, hook_k, hook_v,     HookPoint (harness.hooks)  what measurement reads; hook_q/hook_k
   hook_out, hook_q_raw,                                  are exactly what the op is fed,
   hook_k_raw, hook_log_decay,                            hook_*_raw before any feature map
@@ -102,9 +103,12 @@ def lacks(mixer: nn.Module, *members: str) -> Optional[str]:
 
 
 def state_size(mixer: nn.Module, sequence_length: int) -> Optional[int]:
-    """mixer.state_size(sequence_length) in elements per layer, or None if it declares none."""
-    fn = getattr(mixer, "state_size", None)
-    return None if fn is None else int(fn(sequence_length))
+    """mixer.state_size(sequence_length=T) (and batch_size=1 when it takes one) in elements per
+    layer; None if it declares none, or if the call fails (skipped with the reason, warned once:
+    harness.layers.preflight.call_state_size)."""
+    from harness.layers.preflight import call_state_size
+
+    return call_state_size(mixer, sequence_length)
 
 
 class Mixer(nn.Module):
@@ -182,10 +186,3 @@ class Mixer(nn.Module):
         """a_ij of the rows `rows` ((R,) positions; None: every position), (B, H, R, T), built
         for those rows alone (the ops weights functions take `rows`): O(R T) memory."""
         raise NotImplementedError
-
-
-def select_rows(weights: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
-    """(B, H, T, T) -> (B, H, R, T): the rows asked for (all when rows is None). For an outside
-    mixer that can only build the whole matrix; the built-in mixers pass `rows` to the ops
-    weights functions, which build those rows alone (O(R T) memory, what long lengths need)."""
-    return weights if rows is None else weights[:, :, rows.to(weights.device)]

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 from torch import nn
 
+from harness.errors import first_line
+
 _BUILTINS: dict[str, type] = {}
 _NOT_MIXERS = ("parts", "protocol", "registry")  # modules of this package that define no mixer
 _discovered = False
@@ -83,17 +85,13 @@ def import_object(path: str, key: str, base: type | None = None) -> Any:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or the module itself failing on import
         raise ValueError(f"{key}={path}: cannot import module {module_name!r} "
-                         f"({type(exc).__name__}: {_first_line(exc)})") from None
+                         f"({type(exc).__name__}: {first_line(exc)})") from None
     if not hasattr(module, attr):
         raise ValueError(f"{key}={path}: module {module_name!r} has no attribute {attr!r}")
     obj = getattr(module, attr)
     if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
         raise ValueError(f"{key}={path}: {attr!r} is not a subclass of {base.__module__}.{base.__name__}")
     return obj
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def supplied(config, layer_idx: int) -> dict[str, Any]:
@@ -130,31 +128,23 @@ def build(config, layer_idx: int) -> nn.Module:
         return cls(**kwargs)
     try:
         return cls(**kwargs)
-    except Exception as exc:
+    except Exception as exc:  # the whole message (pydantic's field list), and the options likely to set
+        from harness.layers.preflight import describe, option_hints
         raise ValueError(f"model.name={config.name}: construction failed "
-                         f"({type(exc).__name__}: {_first_line(exc)})") from None
+                         f"({describe(exc)}){option_hints(cls, kwargs)}") from None
 
 
-def check_mixer(config, seq_len: int = 8) -> None:
-    """Build an outside mixer and run it once on a (1, seq_len, d_model) input: a class that fails
-    to construct or to run, or returns another shape, is a ValueError naming the path and what
-    is wrong, before any training. Built-in mixers are trusted (the tests hold them)."""
-    import torch
-
+def check_mixer(config, lengths=None) -> None:
+    """The pre-flight of an outside mixer (harness.layers.preflight): built, and run forward and
+    backward at batch 1 at every (T, what) of `lengths` (default: 8 tokens); a failure is a
+    ValueError naming the path, the length and what is wrong, before any training. Built-in
+    mixers are trusted (the tests hold them)."""
     if not is_dotted(config.name):
         for key in dict(config.options or {}):  # refused here, not when the model is built mid-run
             raise ValueError(f"model.options.{key}: the built-in mixer {config.name!r} takes no options "
                              "(its settings are model.* keys); model.options is for outside mixers")
         return
-    mixer = build(config, 0)
-    x = torch.randn(1, seq_len, config.d_model)
-    try:
-        out = mixer(x)
-    except Exception as exc:
-        raise ValueError(f"model.name={config.name}: forward failed on a {tuple(x.shape)} input "
-                         f"({type(exc).__name__}: {_first_line(exc)})") from None
-    out = out[0] if isinstance(out, tuple) and out else out
-    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"model.name={config.name}: forward returned {got}, expected (B, T, C) = "
-                         f"{tuple(x.shape)} (a tensor, or a tuple whose first element is one)")
+    from harness.layers.preflight import preflight
+
+    cls = resolve(config.name)
+    preflight(config, lengths or [(8, "8 tokens")], cls, constructor_kwargs(cls, config, 0), build(config, 0))

@@ -51,8 +51,11 @@ from typing import Optional
 import torch
 
 from harness.hooks import capture
+from harness.layers.preflight import skipped as protocol_skipped
+from harness.measure.jacobian import JACOBIAN_EXAMPLES, LABEL as JACOBIAN_LABEL, jacobian_weights
 from harness.layers.protocol import lacks, mixer_hooks
 from harness.measure.theory import predicted_snr
+from harness.tasks.base import batch_field
 
 METRICS = ("entropy", "norm_entropy", "eff_support", "max_weight", "target_weight", "target_rank", "monotonicity")
 
@@ -255,13 +258,6 @@ def effective_count(gain_sq: torch.Tensor, target_pos: torch.Tensor) -> torch.Te
 # Whole-model measurement.
 
 
-def _field(batch, name: str):
-    return batch[name] if isinstance(batch, dict) else getattr(batch, name)
-
-
-STAT_SUMS = ("sig2", "noise2", "other2", "target2")  # summed, not averaged, over rows (ratios of sums)
-
-
 def _layer_rows(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tensor, span: int,
                 with_snr: bool) -> Optional[dict]:
     """Statistics of one layer at the query rows of a few examples: each (H, R) float64 on the
@@ -301,6 +297,29 @@ def _layer_rows(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tenso
     return {name: torch.cat(values, dim=1) for name, values in parts.items()} if parts else None
 
 
+def _jacobian_rows(mixer, x: torch.Tensor, target_pos: torch.Tensor, query: torch.Tensor, span: int,
+                   examples: int) -> Optional[dict]:
+    """Sharpness statistics of one layer from the Jacobian estimate (harness.measure.jacobian)
+    on the first `examples` examples of this pass (x: the mixer's inputs (B, T, C)), as
+    _layer_rows; no read-out split, no monotonicity (it has no scores)."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for b in range(min(examples, query.shape[0])):
+        pos = query[b].nonzero().squeeze(-1)  # (R,) query positions
+        if pos.numel() == 0:
+            continue
+        a = jacobian_weights(mixer, x[b:b + 1], pos)  # (1, R, T)
+        tp = target_pos[b, pos].to(a.device)[None]  # (1, R)
+        found = sharpness(a, tp, positions=pos.to(a.device), span=span)
+        found.setdefault("monotonicity", torch.full_like(found["entropy"], math.nan))  # no scores
+        found["sig2"] = found["noise2"] = torch.zeros_like(found["entropy"])  # no read-out split
+        T = x.shape[1]
+        g2 = decay_gain_sq(None, T, per_dim=False, positions=pos.to(a.device), write_scale=None, device=a.device)
+        found["other2"], found["target2"] = crosstalk_mass(g2.expand(1, -1, -1), tp, span)
+        for name, value in found.items():
+            parts.setdefault(name, []).append(value.detach().cpu())
+    return {name: torch.cat(values, dim=1) for name, values in parts.items()} if parts else None
+
+
 def _aggregate(stats: dict, h: int, sel: torch.Tensor, d_key: Optional[int], with_snr: bool) -> dict:
     """Means over the selected query rows (sel: (R,) bool) of head h; SNRs as ratios of sums
     (theory.aggregate_pairs); the mean log decay per step where the mixer has one."""
@@ -327,14 +346,16 @@ def _skip_reasons(mixer, hooks: dict) -> dict[str, str]:
     sharp = lacks(mixer, "effective_weights")
     snr = sharp or (None if "v" in hooks else "skipped: no hook_v")
     theory = lacks(mixer, "d_key")
-    return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok"}
+    return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok",
+            **protocol_skipped(mixer)}  # members the pre-flight found failing (state_size, ...)
 
 
 MEASURE_TOKENS = 1 << 14  # tokens per forward pass of the measurement (examples per pass = this // T)
 
 
 @torch.no_grad()
-def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: int = MEASURE_TOKENS) -> dict:
+def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: int = MEASURE_TOKENS,
+                  weights: str = "auto") -> dict:
     """Sharpness and SNR of every layer and head of `model` on a task batch.
 
     batch: a task Batch (inputs, target_pos, slice_value, slice_name; a dict with those keys
@@ -352,10 +373,10 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
     for a decay mixer. "measure" says for each measurement "ok" or why it was skipped (a mixer
     that declares no effective_weights, no hook_v, no d_key).
     """
-    inputs = _field(batch, "inputs")[:max_examples]
-    target_pos = _field(batch, "target_pos")[:max_examples].cpu()
-    slice_value = _field(batch, "slice_value")[:max_examples].cpu()
-    slice_name = _field(batch, "slice_name")
+    inputs = batch_field(batch, "inputs")[:max_examples]
+    target_pos = batch_field(batch, "target_pos")[:max_examples].cpu()
+    slice_value = batch_field(batch, "slice_value")[:max_examples].cpu()
+    slice_name = batch_field(batch, "slice_name")
     query = target_pos >= 0  # (B, T)
     device = next(model.parameters()).device
     B, T = query.shape
@@ -368,6 +389,10 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
     span = answer_span(model)
     was_training = model.training
     model.eval()
+    estimated = [False] * len(mixers)  # per layer: weights by the Jacobian estimate
+    seen = {}  # per layer: the mixer's input of this pass (for the Jacobian estimate)
+    grabs = [m.register_forward_pre_hook(lambda mod, args, i=i: seen.__setitem__(i, args[0]))
+             for i, m in enumerate(mixers)]
     try:
         for start in range(0, B, group):
             part = slice(start, start + group)
@@ -377,17 +402,29 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
                 hooks = mixer_hooks(mixer, cache, f"layers.{layer}.mixer.")
                 if start == 0:
                     reasons = _skip_reasons(mixer, hooks)
+                    if weights == "jacobian" or reasons["sharpness"] == "skipped: no effective_weights":
+                        estimated[layer] = True
+                        reasons["sharpness"] = JACOBIAN_LABEL
+                        reasons["snr"] = reasons["snr"] if reasons["snr"] != "ok" else \
+                            "skipped: jacobian estimate (no read-out split)"
                     for what, why in reasons.items():
                         status[what] = why if status.get(what, "ok") == "ok" else status[what]
-                    if reasons["sharpness"] == "ok":
-                        setup[layer] = (reasons["snr"] == "ok", getattr(mixer, "d_key", None))
+                    if reasons["sharpness"] in ("ok", JACOBIAN_LABEL):
+                        setup[layer] = (reasons["snr"] == "ok" and not estimated[layer], getattr(mixer, "d_key", None))
                 if setup[layer] is None:
                     continue
-                found = _layer_rows(mixer, hooks, target_pos[part], query[part], span, setup[layer][0])
+                if estimated[layer]:
+                    found = _jacobian_rows(mixer, seen[layer], target_pos[part], query[part], span,
+                                           JACOBIAN_EXAMPLES - start)
+                else:
+                    found = _layer_rows(mixer, hooks, target_pos[part], query[part], span, setup[layer][0])
                 for name, value in (found or {}).items():
                     rows[layer].setdefault(name, []).append(value)
             del cache
+            seen.clear()
     finally:
+        for grab in grabs:
+            grab.remove()
         model.train(was_training)
 
     row_values = slice_value[query]  # (R,) the slice value of every query row, in row order
@@ -407,6 +444,8 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
                 best = {**pooled, "retrieval_layer": layer, "retrieval_head": h}
     keys = ("target_weight", "entropy", "norm_entropy", "snr_measured", "snr_predicted")
     summary = {"measure_examples": int(B)}
+    if any(estimated):
+        summary.update(weights=JACOBIAN_LABEL, jacobian_examples=min(int(B), JACOBIAN_EXAMPLES))
     if best is not None:
         summary.update({k: best[k] for k in (*keys, "retrieval_layer", "retrieval_head", "log_decay") if k in best})
     elif status.get("sharpness") == "ok":

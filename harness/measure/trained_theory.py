@@ -81,14 +81,11 @@ from harness.measure import theory
 from harness.measure.out_of_sample import (TrainStats, fit_delta_dim, law_n_eff, no_prediction, predict_from_train,
                                            read_accuracy, reads_of)
 from harness.measure.trained import answer_span, decay_gain_sq, span_mask
+from harness.tasks.base import batch_field
 
 COLUMNS = ("d_kernel", "n_eff", "pairs", "value_dim", "candidates", "snr_readout_trained",
            "acc_readout_trained")
 SUMS = ("kernel_target", "kernel_other", "gain_target", "gain_other", "gain_other_sq")
-
-
-def _field(batch, name: str):
-    return batch[name] if isinstance(batch, dict) else getattr(batch, name)
 
 
 def read_sums(a: torch.Tensor, g2: torch.Tensor, target_pos: torch.Tensor, positions: torch.Tensor,
@@ -223,13 +220,13 @@ def measure_trained_theory(model, batch, *, max_examples: Optional[int] = None,
 
     Returns {"rows": {(layer, head, value): {column: value}}, "summary": {...}, "status": str}.
     """
-    targets = _field(batch, "targets")
-    target_pos_all = _field(batch, "target_pos")
+    targets = batch_field(batch, "targets")
+    target_pos_all = batch_field(batch, "target_pos")
     candidates = int(torch.unique(targets[target_pos_all >= 0]).numel())
-    inputs = _field(batch, "inputs")[:max_examples]
+    inputs = batch_field(batch, "inputs")[:max_examples]
     target_pos = target_pos_all[:max_examples].cpu()
     answers = targets[:max_examples].cpu()
-    slice_value = _field(batch, "slice_value")[:max_examples].cpu()
+    slice_value = batch_field(batch, "slice_value")[:max_examples].cpu()
     query = target_pos >= 0  # (B, T)
     device = next(model.parameters()).device
 
@@ -354,7 +351,7 @@ def train_statistics(model, batch, *, max_examples: Optional[int] = None, num_pa
         target_write_gain=tuple(group["target_write_gain"]), value_dim=summary["value_dim"],
         candidates=summary["candidates"], d_kernel=summary["d_kernel"], n_eff=summary["n_eff"],
         pairs=summary["pairs"], snr_readout=summary["snr_readout_trained"],
-        acc_readout=summary["acc_readout_trained"], seq_len=int(_field(batch, "inputs").shape[1]),
+        acc_readout=summary["acc_readout_trained"], seq_len=int(batch_field(batch, "inputs").shape[1]),
         num_pairs=num_pairs, layer=group["layer"], head=retrieval[1])
     reads = reads_of(batch, max_examples)  # the reads the statistics were measured on
     stats = dataclasses.replace(stats, n_eff_law=law_n_eff(stats, reads))

@@ -38,7 +38,6 @@ from harness.errors import DamagedFile, OutputError, first_line, shown
 from harness.outputs.results import (RESULTS_FILE, atomic_write, config_hash, discard, flat_config, hashed_items,
                                      parse_results, temporary_path)
 
-LEGACY_FILE = "checkpoint.pt"  # the single, unverified checkpoint of earlier versions: still resumed
 MODEL_FILE = "model.pt"
 FORMAT = 1
 KEEP = 2                        # checkpoints kept: the newest, and the one to fall back on
@@ -148,8 +147,7 @@ def _load_checked(path: Path, digest: str | None, map_location="cpu") -> dict[st
     try:
         payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as exc:  # a truncated zip, a bad pickle: whatever torch says, one line
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DamagedFile(f"{path} is damaged: it does not load ({first[:160]})") from None
+        raise DamagedFile(f"{path} is damaged: it does not load ({first_line(exc, 160)})") from None
     if not isinstance(payload, dict):
         raise DamagedFile(f"{path} is damaged: it holds a {type(payload).__name__}, not a dict")
     return payload
@@ -162,21 +160,18 @@ def _checkpoint_names(out_dir: Path) -> list[tuple[str, bool]]:
     """(name, is a file) of every entry of out_dir named as a checkpoint is."""
     try:
         with os.scandir(out_dir) as entries:
-            return [(e.name, e.is_file()) for e in entries if e.name == LEGACY_FILE or _NAME.fullmatch(e.name)]
+            return [(e.name, e.is_file()) for e in entries if _NAME.fullmatch(e.name)]
     except OSError:
         return []
 
 
-def checkpoint_files(out_dir: Path) -> list[tuple[int, Path, str | None]]:
-    """(step, path, digest) of every checkpoint in out_dir, newest first; a legacy checkpoint.pt
-    (no checksum; its step unknown until loaded) comes last. Only files count: a directory that
+def checkpoint_files(out_dir: Path) -> list[tuple[int, Path, str]]:
+    """(step, path, digest) of every checkpoint in out_dir, newest first. Only files count: a directory that
     carries a checkpoint's name (a copy gone wrong) is no checkpoint, and never removed."""
     out_dir = Path(out_dir)
     names = [name for name, is_file in _checkpoint_names(out_dir) if is_file]
     found = [(int(m.group(1)), out_dir / name, m.group(2)) for name in names if (m := _NAME.fullmatch(name))]
     found.sort(key=lambda f: f[0], reverse=True)
-    if LEGACY_FILE in names:
-        found.append((-1, out_dir / LEGACY_FILE, None))
     return found
 
 

@@ -1,6 +1,6 @@
-"""wandb sweep files (`conf/wandb/*.yaml`): offline validation and grid expansion.
+"""wandb sweep files (`harness/sweeps/*.yaml`): offline validation and grid expansion.
 
-A sweep file is run on many machines with `wandb sweep conf/wandb/<name>.yaml` and then
+A sweep file is run on many machines with `wandb sweep harness/sweeps/<name>.yaml` and then
 `wandb agent <id>` on each; the agent builds every command with wandb's own
 `create_sweep_command_args`, which is what `expand` uses too, so what is checked here is what
 an agent will run. No wandb server is needed for either.
@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-WANDB_DIR = Path(__file__).resolve().parent.parent / "conf" / "wandb"
+WANDB_DIR = Path(__file__).resolve().parent.parent / "sweeps"  # beside conf/, not in it: no Hydra group
 METHODS = ("grid", "random", "bayes")
 PARAM_KEYS = ("value", "values", "distribution", "min", "max", "mu", "sigma", "q", "probabilities")
 

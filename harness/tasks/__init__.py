@@ -76,8 +76,12 @@ def get_task(name: str) -> ModuleType:
 
 
 def train_length(module: ModuleType, cfg) -> int:
-    """The training sequence length of a task config, read off one generated example (tasks
-    derive it differently: interference from N when seq_len is null)."""
+    """The sequence length of a task config's examples, from the config alone when the task
+    has `seq_len(cfg)` (every built-in one: a billion-token vocabulary or a length of 10^8 is
+    sized without generating anything); an outside task without it is read off one generated
+    example. Tasks derive it differently: interference from N when seq_len is null."""
+    if hasattr(module, "seq_len"):
+        return int(module.seq_len(cfg))
     return int(module.make_batch(cfg, 1, seed=0, device="cpu").inputs.shape[1])
 
 

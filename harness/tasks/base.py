@@ -13,6 +13,8 @@ from typing import NamedTuple, NoReturn, TypeVar
 
 import torch
 
+from harness.checks import require
+
 IGNORE = -100      # target value where there is no loss (torch's cross_entropy default)
 PAD = 0            # token 0 is never a key, value or trigger: it is the filler/padding token
 NO_SLICE = -1      # slice_value and target_pos where there is no label
@@ -56,6 +58,11 @@ class Batch(NamedTuple):
                      tuple((name, value.to(device)) for name, value in self.other_slices))
 
 
+def batch_field(batch, name: str):
+    """A field of a Batch or of a mapping with the same keys."""
+    return batch[name] if isinstance(batch, dict) else getattr(batch, name)
+
+
 def label_positions(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The labelled positions of each row and their targets, each (B, K) long.
 
@@ -75,11 +82,6 @@ def label_positions(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fail(message: str) -> NoReturn:
     raise ValueError(message)
-
-
-def require(ok: bool, message: str) -> None:
-    if not ok:
-        fail(message)
 
 
 def check_int(task: str, name: str, value: object, minimum: int = 1) -> None:

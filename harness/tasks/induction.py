@@ -83,6 +83,12 @@ def eval_settings(cfg: Config) -> list[Config]:
     return [dataclasses.replace(cfg, seq_len=t, test_seq_len=[]) for t in lengths(cfg)]
 
 
+def seq_len(cfg: Config) -> int:
+    """The length of this setting's examples, from the config alone (no example is generated):
+    what the resource estimate and the model's positions are sized by."""
+    return as_config(Config, cfg, NAME).seq_len
+
+
 def max_seq_len(cfg: Config) -> int:
     cfg = as_config(Config, cfg, NAME)
     return max([cfg.seq_len, *lengths(cfg)])

@@ -185,6 +185,13 @@ def val_settings(cfg: Config) -> list[Config]:
     return mixture_settings(cfg) if cfg.mixture else eval_settings(cfg)
 
 
+def seq_len(cfg: Config) -> int:
+    """The length of this config's training examples, from the config alone (no example is
+    generated): a mixture's examples are padded to its longest setting."""
+    cfg = as_config(Config, cfg, NAME)
+    return max(s.seq_len for s in mixture_settings(cfg)) if cfg.mixture else cfg.seq_len
+
+
 def max_seq_len(cfg: Config) -> int:
     """The longest sequence of the training and evaluation settings (for positional tables)."""
     cfg = as_config(Config, cfg, NAME)

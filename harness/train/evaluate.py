@@ -14,10 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness.tasks import label_positions
+from harness.tasks import IGNORE, label_positions
 from harness.train.memory import examples_per_pass
-
-IGNORE = -100  # the target of a position that is not scored
 
 
 @dataclass
@@ -107,10 +105,10 @@ def _evaluate_set(model, es: EvalSet, autocast, per_pass: int) -> tuple[dict, li
 def _eval_memory(model, es: EvalSet, autocast, per_pass: int) -> int:
     """Peak bytes of one evaluation pass at this setting's length (the streamed evaluation holds
     one pass at a time, so this is its peak), beyond the parameters and the held-out batch.
-    CUDA: torch.cuda.max_memory_allocated. CPU: the live-memory tracker (harness.memory), with
+    CUDA: torch.cuda.max_memory_allocated. CPU: the live-memory tracker (harness.peak_memory), with
     the fused CPU chunk kernels off for the pass, as the tracker cannot see inside them (the
     batched forms they stand for hold at least as much)."""
-    from harness.memory import peak_memory
+    from harness.peak_memory import peak_memory
     from harness.ops import fused_cpu_enabled, set_fused_cpu
 
     device = es.batch.inputs.device

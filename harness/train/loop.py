@@ -32,8 +32,9 @@ from tqdm.auto import tqdm
 from harness.errors import OutOfMemory, RunError, first_line, is_out_of_memory
 from harness.layers.parts import qk_width
 from harness.outputs.results import METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info, write_json
-from harness.tasks import label_positions
-from harness.train.evaluate import (IGNORE, EvalSet, evaluate, make_eval_sets, periodic_sets, setting_names,
+from harness.devices import format_bytes
+from harness.tasks import IGNORE, label_positions
+from harness.train.evaluate import (EvalSet, evaluate, make_eval_sets, periodic_sets, setting_names,
                                     with_val_accuracy)
 from harness.train.plan import RunPlan, as_plan
 
@@ -135,14 +136,6 @@ def state_summary(model, task_seq_len: int) -> dict[str, Any]:
         out.update(state_elements_per_head=state // heads, state_elements_per_layer=state // cfg.n_layers,
                    state_bytes=state * bytes_per)
     return out
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 class StepClock:
@@ -519,10 +512,13 @@ def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Pa
           f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
     if "state_bytes" in summary:
         print(f"[harness] state {summary['state_elements_per_head']:,} elements/head "
-              f"({_fmt_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
-              f"{_fmt_bytes(summary['kv_cache_bytes'])})")
+              f"({format_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
+              f"{format_bytes(summary['kv_cache_bytes'])})")
     if summary.get("target_weight") is not None and "snr_measured" in summary:
         print(f"[harness] retrieval head: weight on the correct key {summary['target_weight']:.3f}, "
               f"SNR measured {summary.get('snr_measured', float('nan')):.2f} "
               f"vs predicted {summary.get('snr_predicted', float('nan')):.2f}")
+    elif summary.get("target_weight") is not None:  # harness.measure.jacobian, for a mixer without weights
+        print(f"[harness] retrieval layer ({summary.get('weights')}): weight on the correct key "
+              f"{summary['target_weight']:.3f}")
     print(f"[harness] results: {out_dir / RESULTS_FILE}")

@@ -13,7 +13,7 @@ forms no (T x T) matrix. The end-of-run measurements hold every mixer's hook ten
 three vocabulary-wide rows per token (logits, log-softmax, gradient).
 
 The figures are deliberately a little high: tests/test_resources.py holds every built-in mixer
-between the peak measured by harness.bench.memory and three times it. `check_training` refuses
+between the peak measured by harness.peak_memory and three times it. `check_training` refuses
 in one line what cannot fit; `eval_chunk` streams evaluation in pieces that do.
 """
 from __future__ import annotations
@@ -171,15 +171,17 @@ class RunShape:
 
 
 def run_shape(cfg: DictConfig) -> RunShape:
-    """cfg's sizes; the lengths from one generated example per setting (exact, and cheap)."""
+    """cfg's sizes, from the config alone: nothing is generated (harness.tasks.train_length)."""
     module, tcfg = task_config(cfg.task)
     return shape_of(model_config(cfg.model), module, tcfg, cfg.trainer)
 
 
 def shape_of(mcfg: ModelConfig, module, tcfg, tr) -> RunShape:
     """The sizes of a run of this model on this task (its module and Config) with trainer `tr`."""
-    train_len = module.make_batch(tcfg, 1, seed=0, split="train").inputs.shape[1]
-    eval_lens = [module.make_batch(s, 1, seed=0, split="test").inputs.shape[1] for s in module.eval_settings(tcfg)]
+    from harness.tasks import train_length
+
+    train_len = train_length(module, tcfg)
+    eval_lens = [train_length(module, s) for s in module.eval_settings(tcfg)]
     facts = model_facts(mcfg, tcfg.vocab_size, module.max_seq_len(tcfg))
     return RunShape(facts, train_len, eval_lens, tr.batch_size, tr.data_chunk, tr.eval_examples)
 

@@ -1,0 +1,106 @@
+"""The learning-rate edge rule: where a point's chosen rate sits at the edge of its grid, the
+sweep runs the next rate out for that mixer.
+
+After an experiment's sweep, each point (a run's sweep overrides but the learning rate and the
+seed) takes the rate with the best mean validation accuracy over its seeds. A point whose best
+rate is the grid's lowest (highest) gets the next rate below (above) it, one grid step out
+(the ratio of the grid's two outermost rates on that side), for its mixer: one second-stage
+sweep per new rate, ``model=<the edge mixers> trainer.lr=<new rate>``, written under
+``<sweep>/lr_extended/lr_<rate>/``. The loader marks those runs ``lr_extended`` (their folder),
+so every figure's learning-rate table says which rates the sweep added.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+EXTENDED_DIR = "lr_extended"
+LR_KEY = "trainer.lr"
+
+
+def grid_rates(params: dict[str, list[str]]) -> list[float]:
+    """The sorted learning rates the sweep tries (empty: fewer than two, no edge to extend)."""
+    rates = sorted({float(v) for v in params.get(LR_KEY, [])})
+    return rates if len(rates) >= 2 else []
+
+
+def _overrides(run_dir: Path) -> dict[str, str]:
+    try:
+        items = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    except (OSError, yaml.YAMLError):
+        return {}
+    out = {}
+    for item in items:
+        key, _, value = str(item).partition("=")
+        out[key.lstrip("+~")] = value
+    return out
+
+
+def run_scores(sweep_dir: Path) -> list[dict]:
+    """Per finished training run of the first stage: its overrides, rate and validation accuracy."""
+    from analysis.loader import NoResultsError, find_results
+
+    try:
+        files = find_results(sweep_dir)
+    except NoResultsError:
+        return []
+    rows = []
+    for file in files:
+        if EXTENDED_DIR in file.relative_to(sweep_dir).parts:
+            continue
+        try:
+            data = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        summary = data.get("summary") or {}
+        score = summary.get("val_accuracy", summary.get("accuracy"))
+        lr = (data.get("config") or {}).get("trainer", {}).get("lr") if isinstance(
+            (data.get("config") or {}).get("trainer"), dict) else (data.get("config") or {}).get(LR_KEY)
+        if data.get("status") != "ok" or data.get("mode") != "train" or score is None:
+            continue
+        overrides = _overrides(file.parent)
+        lr = float(overrides.get(LR_KEY, lr if lr is not None else math.nan))
+        rows.append({"overrides": overrides, "lr": lr, "score": float(score)})
+    return rows
+
+
+def extensions(rows: list[dict], rates: list[float]) -> dict[float, list[str]]:
+    """{new rate: the model choices whose chosen rate at some point sits at that edge}."""
+    if not rates:
+        return {}
+    low, high = rates[0] / (rates[1] / rates[0]), rates[-1] * (rates[-1] / rates[-2])
+    by_point = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        point = tuple(sorted((k, v) for k, v in row["overrides"].items() if k not in (LR_KEY, "seed")))
+        by_point[point][row["lr"]].append(row["score"])
+    out = defaultdict(set)
+    for point, per_lr in by_point.items():
+        means = {lr: sum(s) / len(s) for lr, s in per_lr.items() if not math.isnan(lr)}
+        if len(means) < 2:
+            continue
+        best = max(sorted(means), key=lambda lr: means[lr])
+        model = dict(point).get("model")
+        if model is None:
+            continue
+        if math.isclose(best, rates[0]):
+            out[low].add(model)
+        elif math.isclose(best, rates[-1]):
+            out[high].add(model)
+    return {lr: sorted(models) for lr, models in sorted(out.items())}
+
+
+def extension_dir(sweep_dir: Path, lr: float) -> Path:
+    return sweep_dir / EXTENDED_DIR / f"lr_{lr:.3g}"
+
+
+def extension_overrides(lr: float, models: list[str]) -> list[str]:
+    return [f"model={','.join(models)}", f"{LR_KEY}={lr:.3g}"]
+
+
+def is_extended(run_dir: str) -> bool:
+    """A run the second stage added (it lies under an lr_extended folder)."""
+    return f"/{EXTENDED_DIR}/" in f"/{Path(run_dir).as_posix()}/"

@@ -1,0 +1,193 @@
+"""The pieces `python -m analysis.figures` and its smoke (analysis.smoke) share: what a figure
+is (FigureSpec), the multirun that makes a sweep's results, drawing and saving figures from
+results, and the closing report. Both entry points import this module; it imports neither.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from analysis import lr_edge
+from analysis.loader import NoResultsError, find_results, load_all
+from analysis.plots.common import warn
+
+FORMATS = ("png", "pdf")
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str                 # file name stem
+    experiment: str | None    # sweep it reads from <results>/<experiment>; None: needs no runs
+    draw: Callable
+    also: tuple[str, ...] = ()  # other sweeps whose results it draws too (run when missing)
+    reopens_runs: bool = False  # draws from runs' weights (harness.load_run): takes trust_code
+
+    @property
+    def experiments(self) -> tuple[str, ...]:
+        return () if self.experiment is None else (self.experiment, *self.also)
+
+
+def sweep_command(profile: str, experiment: str, sweep_dir: Path) -> list[str]:
+    """The multirun that produces ``sweep_dir`` for one experiment of a profile."""
+    name = experiment if profile == "quick" else f"{profile}/{experiment}"
+    return [sys.executable, "-m", "harness", "-m", f"+experiment={name}",
+            f"hydra.sweep.dir={_override_value(sweep_dir.resolve())}"]
+
+
+def has_results(sweep_dir: Path) -> bool:
+    try:
+        return bool(find_results(sweep_dir))
+    except NoResultsError:
+        return False
+
+
+def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> list[str]:
+    """Run each experiment that has no results under ``root``; returns the ones run.
+
+    ``runner`` is subprocess.run unless given. A sweep that fails is reported and left: its
+    figure draws from what it wrote, or is skipped.
+    """
+    runner = runner or subprocess.run
+    ran = []
+    for experiment in experiments:
+        sweep_dir = root / experiment
+        if has_results(sweep_dir):
+            continue
+        cmd = sweep_command(profile, experiment, sweep_dir)
+        print(f"running sweep {experiment}: {' '.join(cmd)}", flush=True)
+        code = runner(cmd, check=False).returncode
+        if code != 0:
+            warn(f"sweep {experiment} exited with status {code}")
+        ran.append(experiment)
+        extend_edge_rates(root, experiment, profile, runner)
+    return ran
+
+
+def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, params=None) -> list[Path]:
+    """The learning-rate edge rule (analysis.lr_edge): for each mixer whose chosen rate sits at
+    an edge of the experiment's grid, a second sweep at the next rate out; returns the folders
+    of the second-stage sweeps run."""
+    runner = runner or subprocess.run
+    if params is None:
+        try:
+            params = sweep_params(profile, experiment)
+        except Exception as err:  # an experiment that does not compose was reported by its sweep
+            warn(f"sweep {experiment}: learning-rate edge rule skipped ({type(err).__name__}: {err})")
+            return []
+    sweep_dir = root / experiment
+    todo = lr_edge.extensions(lr_edge.run_scores(sweep_dir), lr_edge.grid_rates(params))
+    ran = []
+    for lr, models in todo.items():
+        out = lr_edge.extension_dir(sweep_dir, lr)
+        if has_results(out):
+            continue
+        cmd = sweep_command(profile, experiment, out) + lr_edge.extension_overrides(lr, models)
+        print(f"running sweep {experiment} at lr {lr:.3g} (chosen rate at the grid's edge for "
+              f"{', '.join(models)}): {' '.join(cmd)}", flush=True)
+        code = runner(cmd, check=False).returncode
+        if code != 0:
+            warn(f"sweep {experiment} at lr {lr:.3g} exited with status {code}")
+        ran.append(out)
+    return ran
+
+
+def _compose(profile: str, name: str, overrides=()):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.config.compose import CONF_DIR
+    from harness.config.schema import register
+
+    register()
+    if not GlobalHydra.instance().is_initialized():
+        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+    full = name if profile == "quick" else f"{profile}/{name}"
+    return compose(config_name="config", overrides=[f"+experiment={full}", *overrides], return_hydra_config=True)
+
+
+def sweep_params(profile: str, name: str) -> dict[str, list[str]]:
+    """The grid of an experiment: each swept key and its values, as the sweeper will read them."""
+    params = _compose(profile, name).hydra.sweeper.params or {}
+    return {str(k): [v.strip() for v in str(v).split(",")] for k, v in params.items()}
+
+
+def save_figure(fig, out_dir: Path, name: str) -> list[Path]:
+    """Write ``fig`` as ``out_dir/name.png`` and ``out_dir/name.pdf``, and each table the
+    figure carries (``fig.tables``: every learning rate's result, fitted numbers) as
+    ``out_dir/<table>.csv`` beside it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.{fmt}" for fmt in FORMATS]
+    for path in paths:
+        fig.savefig(path, dpi=150, bbox_inches="tight")
+    for table_name, frame in getattr(fig, "tables", {}).items():
+        if frame is not None and len(frame):
+            path = out_dir / f"{table_name}.csv"
+            frame.to_csv(path, index=False)
+            paths.append(path)
+    return paths
+
+
+def load_figure_data(root: Path, spec: FigureSpec):
+    """The long frame of every sweep ``spec`` reads (its own first); NoResultsError when its
+    own sweep has none. A missing extra sweep only leaves its rows out."""
+    frames = [load_all(root / spec.experiment)]
+    for extra in spec.also:
+        try:
+            frames.append(load_all(root / extra))
+        except NoResultsError:
+            warn(f"figure {spec.name}: no results in {root / extra}; drawn without them")
+    if len(frames) == 1:
+        return frames[0]
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True, sort=False)
+
+
+def render(specs, root: Path, out_dir: Path, *, trust_code: bool = False) -> tuple[dict[str, list[Path]], list[str]]:
+    """Draw and save each figure from ``root``: (paths of the figures written, names not drawn).
+
+    A figure whose data is absent is skipped with its warning; one that raises is reported;
+    the others are still drawn either way. A run whose results.json is damaged or malformed is
+    left out of its figure, named in a note (analysis.loader keeps it as a failed run).
+    ``trust_code``: figures that reopen runs may import the outside code (a dotted model.name)
+    their configs name (harness.load_run's trust_code); otherwise such a run is refused.
+    """
+    written, missed = {}, []
+    for spec in specs:
+        options = {"trust_code": trust_code} if spec.reopens_runs else {}
+        try:
+            fig = spec.draw() if spec.experiment is None else spec.draw(load_figure_data(root, spec), **options)
+        except NoResultsError as err:
+            warn(f"figure {spec.name} skipped: {err}")
+            missed.append(spec.name)
+            continue
+        except Exception as err:  # one broken figure must not cost the others
+            warn(f"figure {spec.name} failed: {type(err).__name__}: {err}")
+            missed.append(spec.name)
+            continue
+        if fig is None:
+            missed.append(spec.name)
+            continue
+        written[spec.name] = save_figure(fig, out_dir, spec.name)
+        print(f"{spec.name}: " + ", ".join(str(p) for p in written[spec.name]), flush=True)
+    return written, missed
+
+
+def report(written, missed, specs, out_dir: Path) -> int:
+    """The closing lines: what was written, and (exit code 1) which figures were not drawn."""
+    print(f"wrote {len(written)} of {len(specs)} figures to {out_dir}")
+    if missed:
+        print(f"python -m analysis.figures: {len(missed)} figure(s) not drawn: {', '.join(missed)} "
+              "(see the warnings above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _override_value(path: Path) -> str:
+    """A path as a Hydra override value: quoted when it holds characters the grammar reserves."""
+    text = path.as_posix()
+    return text if re.fullmatch(r"[\w./:+-]+", text) else "'" + text.replace("'", r"\'") + "'"

@@ -1,0 +1,68 @@
+"""The learning-rate edge rule: a mixer whose chosen rate sits at its grid's edge gets a second
+sweep at the next rate out, and its runs are marked lr_extended in the loaded frame."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from analysis import figures, lr_edge
+from analysis.loader import load_all
+
+GRID = {"model": ["elu", "mamba", "softmax"], "trainer.lr": ["1e-3", "3e-3", "1e-2"]}
+# mean validation accuracy: elu best at the lowest rate, mamba at the highest, softmax inside
+SCORES = {"elu": {1e-3: 0.9, 3e-3: 0.5, 1e-2: 0.2}, "mamba": {1e-3: 0.1, 3e-3: 0.4, 1e-2: 0.8},
+          "softmax": {1e-3: 0.5, 3e-3: 0.99, 1e-2: 0.7}}
+
+
+def _run(folder: Path, model: str, lr: float, score: float) -> None:
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(
+        f"- model={model}\n- trainer.lr={lr:g}\n- seed=0\n- +experiment=x\n")
+    (folder / "results.json").write_text(json.dumps({
+        "schema": 1, "mode": "train", "status": "ok", "error": None, "task": "recall", "model": model,
+        "config": {"model.name": model, "trainer.lr": lr}, "summary": {"accuracy": score, "val_accuracy": score},
+        "slices": [], "settings": [], "env": {}}))
+
+
+def _sweep(root: Path) -> Path:
+    sweep = root / "x"
+    i = 0
+    for model, per_lr in SCORES.items():
+        for lr, score in per_lr.items():
+            _run(sweep / str(i), model, lr, score)
+            i += 1
+    return sweep
+
+
+def test_edges_get_the_next_rate_out(tmp_path):
+    todo = lr_edge.extensions(lr_edge.run_scores(_sweep(tmp_path)), lr_edge.grid_rates(GRID))
+    assert set(todo) == {1e-3 / (3e-3 / 1e-3), 1e-2 * (1e-2 / 3e-3)}
+    assert todo[1e-3 / 3] == ["elu"] and todo[1e-2 * 1e-2 / 3e-3] == ["mamba"]
+
+
+def test_one_rate_has_no_edge_to_extend():
+    assert lr_edge.grid_rates({"trainer.lr": ["3e-3"]}) == []
+
+
+def test_the_second_stage_runs_and_is_marked(tmp_path):
+    sweep = _sweep(tmp_path)
+    calls = []
+
+    def runner(cmd, check=False):
+        calls.append(cmd)
+        out = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1].strip("'"))
+        model = next(c for c in cmd if c.startswith("model=")).split("=", 1)[1]
+        lr = float(next(c for c in cmd if c.startswith("trainer.lr=")).split("=", 1)[1])
+        _run(out / "0", model, lr, 0.95)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    ran = figures.extend_edge_rates(tmp_path, "x", "quick", runner, params=GRID)
+    assert len(ran) == 2 and len(calls) == 2
+    assert any("model=elu" in c and "trainer.lr=0.000333" in c for c in calls)
+    runs = load_all(sweep)
+    runs = runs[runs["table"] == "runs"]
+    extended = runs[runs["lr_extended"].fillna(False).astype(bool)]
+    assert sorted(extended["model"]) == ["elu", "mamba"] and len(runs) == 11
+    # a second pass finds the extensions done and runs nothing
+    assert figures.extend_edge_rates(tmp_path, "x", "quick", runner, params=GRID) == [] and len(calls) == 2
