@@ -149,9 +149,12 @@ class Block(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int, max_seq_len: int) -> None:
+    def __init__(self, cfg: ModelConfig, vocab_size: int, max_seq_len: int, *, checked: bool = False) -> None:
+        """``checked``: cfg has passed `validate` already (a run's plan checks it once, before
+        anything is built), so it is not checked again here."""
         super().__init__()
-        validate(cfg)
+        if not checked:
+            validate(cfg)
         if vocab_size <= 0 or max_seq_len <= 0:
             raise ValueError(f"vocab_size and max_seq_len must be positive, got {vocab_size}, {max_seq_len}")
         self.cfg, self.vocab_size, self.max_seq_len = cfg, vocab_size, max_seq_len

@@ -176,3 +176,31 @@ def test_window_leaves_the_hashes_of_existing_runs_unchanged():
     assert config_hash(tree) == config_hash(cfg)
     swa = compose_config(["model=swa", "logger=none"])
     assert hashed_items(flat_config(swa))["model.window"] == 32
+
+
+def test_a_run_validates_its_config_and_model_once(tmp_path, monkeypatch):
+    """The CLI prepares the run's plan before Hydra starts (harness.train.plan.prepare) and hands it
+    to the job: the config is validated once per run, the model's checks run once, and the
+    training run reads the plan (no validation inside the job or the model's constructor)."""
+    import json
+
+    from harness import model as model_module
+    from harness.config import validate
+
+    calls = {"config": 0, "model": 0}
+
+    def counted(fn, key):
+        def wrapper(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(validate, "validate_config", counted(validate.validate_config, "config"))
+    monkeypatch.setattr(validate, "validate_model", counted(validate.validate_model, "model"))
+    monkeypatch.setattr(model_module, "validate", counted(model_module.validate, "model"))
+    monkeypatch.setattr(sys, "argv", ["harness"])
+    out = tmp_path / "run"
+    cli.main(["trainer=debug", "trainer.max_steps=2", "trainer.measure=false", "model.d_model=16",
+              "logger=none", f"out_dir={out}"])
+    assert json.loads((out / "results.json").read_text())["status"] == "ok"
+    assert calls == {"config": 1, "model": 1}

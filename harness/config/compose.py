@@ -3,7 +3,8 @@
 Hydra reports composition errors over several lines and a stack-trace hint. A researcher who
 misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
 model is built: `compose_config` composes exactly what a run would see, turns any error into a
-ConfigError (a ValueError whose message is one line) and validates the result.
+ConfigError (a ValueError whose message is one line) and validates the result (unless the
+caller prepares it: harness.train.plan).
 """
 from __future__ import annotations
 
@@ -112,8 +113,10 @@ def with_outside_tasks(overrides: list[str]) -> list[str]:
     return out
 
 
-def compose_config(overrides: list[str]):
-    """Compose (and validate) the config for `overrides` exactly as a run would see it."""
+def compose_config(overrides: list[str], validate: bool = True):
+    """Compose (and validate) the config for `overrides` exactly as a run would see it.
+    validate=False: composed only, for a caller that prepares it (harness.train.plan.prepare
+    validates it once, with the rest of the run's plan)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -130,5 +133,6 @@ def compose_config(overrides: list[str]):
         cfg = compose(config_name="config", overrides=overrides)
     except Exception as exc:  # Hydra and OmegaConf raise several types; all become one line
         raise ConfigError(_one_line_compose_error(exc, overrides)) from exc
-    validate_config(cfg)
+    if validate:
+        validate_config(cfg)
     return cfg

@@ -7,8 +7,8 @@ ValueError with one readable line naming the key, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -48,7 +48,8 @@ def _check_keys(c: dict) -> None:
         checks.schema_keys(f"{section}.", c[section], fields)
 
 
-def _check_trainer(tr: dict) -> None:
+def _check_trainer(tr: dict):
+    """The trainer's keys; returns the device `trainer.device` names."""
     for key in ("max_steps", "batch_size", "eval_every", "eval_examples", "eval_tokens", "data_chunk",
                 "log_every", "measure_examples"):
         checks.integer(f"trainer.{key}", tr[key])
@@ -66,17 +67,18 @@ def _check_trainer(tr: dict) -> None:
     for key in ("compile", "progress", "checkpoint", "measure"):
         checks.boolean(f"trainer.{key}", tr[key])
     checks.choice("trainer.precision", tr["precision"], PRECISIONS)
-    _check_device(tr["device"])
+    return _check_device(tr["device"])
     # trainer.resume is not checked here: only reading its run directory tells if it resumes.
 
 
-def _check_device(spec: object) -> None:
-    """The spelling, and that a CUDA device asked for is there (harness.devices.select_device)."""
+def _check_device(spec: object):
+    """The spelling, and that a CUDA device asked for is there (harness.devices.select_device):
+    the torch.device."""
     from harness.devices import select_device
 
     if not (isinstance(spec, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", spec)):
         checks.fail("trainer.device", "auto, cpu, cuda or cuda:N", spec)
-    select_device(spec)
+    return select_device(spec)
 
 
 def _check_logger(lg: dict) -> None:
@@ -125,14 +127,16 @@ def mixer_core(cfg: DictConfig) -> tuple[str, int]:
     return core, int(d_key)
 
 
-def _check_cost_family(cfg: DictConfig) -> None:
-    """mode=cost times only the forms the model's family has (softmax has no chunk form)."""
+def _check_cost_family(cfg: DictConfig) -> tuple[str, int]:
+    """mode=cost times only the forms the model's family has (softmax has no chunk form);
+    returns mixer_core's (family, key dimension)."""
 
-    family, _ = mixer_core(cfg)
+    family, d_key = mixer_core(cfg)
     forms = list(cfg.cost.forms)
     checks.require(any(f in CORE_FORMS[family] for f in forms),
                    f"cost.forms={forms} has no form of model={cfg.model.name} "
                    f"(the {family} family has {', '.join(CORE_FORMS[family])})")
+    return family, d_key
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -164,26 +168,29 @@ def _check_positions_extrapolate(mcfg: ModelConfig, module, tcfg) -> None:
                    f"(no positions, with the short convolution)")
 
 
-_VALIDATED: set[str] = set()  # configs this process has validated already (by content)
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What validation built on its way, so that no one builds it again: the ModelConfig, the
+    task module and its Config, the device, and (mode=cost) the mixer's core and key dimension."""
+    mcfg: ModelConfig
+    module: Any
+    tcfg: Any
+    device: Any
+    core: Optional[tuple[str, int]] = None
 
 
-def validate_config(cfg: DictConfig) -> None:
-    """Every check of every key; a config validated before in this process (the CLI's pre-check,
-    then the job) is not checked again."""
+def validate_config(cfg: DictConfig) -> Checked:
+    """Every check of every key (ValueError, one line, at the first that fails); what it built."""
     c = resolved(cfg)  # plain values: lists, not ListConfigs
     c.pop("hydra", None)
-    key = json.dumps(c, sort_keys=True, default=str)
-    if key in _VALIDATED:
-        return
-    _validate(c, cfg)
-    _VALIDATED.add(key)
+    return _validate(c, cfg)
 
 
-def _validate(c: dict, cfg: DictConfig) -> None:
+def _validate(c: dict, cfg: DictConfig) -> Checked:
     _check_keys(c)
     checks.choice("mode", c["mode"], MODES)
     checks.integer("seed", c["seed"], minimum=0, maximum=SEED_MAX)
-    _check_trainer(c["trainer"])
+    device = _check_trainer(c["trainer"])
     _check_logger(c["logger"])
     _check_probe(c["probe"])
     _check_cost(c["cost"])
@@ -197,11 +204,13 @@ def _validate(c: dict, cfg: DictConfig) -> None:
     for setting in module.eval_settings(tcfg):
         module.validate(setting)
     check_mixer(mcfg, run_lengths(module, tcfg))  # the pre-flight at every length the run uses
+    core = None
     if c["mode"] == "train":
         _check_positions_extrapolate(mcfg, module, tcfg)
     if c["mode"] == "cost":
-        _check_cost_family(cfg)
+        core = _check_cost_family(cfg)
     if c["mode"] == "probe":
         checks.require(getattr(resolve(mcfg.name), "probe_memory", None) is not None,
                        f"probe: model {mcfg.name!r} declares no probe_memory(d, seed) "
                        "(harness.layers.protocol), so the probe cannot write random pairs into it")
+    return Checked(mcfg, module, tcfg, device, core)

@@ -3,9 +3,10 @@
 Hydra reports composition errors over several lines and a stack-trace hint. A researcher who
 misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
 model is built, so a single run is first composed here with Hydra's compose API and any error
-is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. Sweeps
-(`-m`) skip the pre-check: each job validates itself, and a failing job is recorded without
-stopping the others.
+is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. The
+pre-check is the run's plan (harness.train.plan.prepare: the one validation, the resource
+check), handed to the job Hydra starts. Sweeps (`-m`) skip the pre-check: each job prepares its
+own plan, and a failing job is recorded without stopping the others.
 """
 from __future__ import annotations
 
@@ -107,22 +108,25 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     overwrite = any(a.lower() in OVERWRITE for a in argv)
     argv = [a for a in argv if a.lower() not in OVERWRITE]
+    plan = None
     if not _is_multirun(argv) and not _wants_hydra_only(argv):
         # Hydra's own keys are Hydra's business, but for the search path: a user's config groups
         # (hydra.searchpath=[file://my_conf]) must be found by the pre-check too.
         overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")
                      or a.lstrip("+~").startswith("hydra.searchpath")]
         try:
-            from harness.run.resources import check_resources
+            from harness.train.plan import prepare
 
-            cfg = compose_config(overrides)
+            # validated once, its resources checked (a run the device cannot hold is refused
+            # here), and handed to the job Hydra starts
+            plan = prepare(compose_config(overrides, validate=False))
+            cfg = plan.cfg
             if cfg.out_dir:
                 out_dir = Path(cfg.out_dir)
                 _check_out_dir(out_dir)
                 _check_held(out_dir)
                 if not overwrite:
                     _check_finished(cfg, out_dir)
-            check_resources(cfg)  # a run the device cannot hold: refused here
         except ValueError as exc:
             if not in_one_line(exc):
                 raise
@@ -145,4 +149,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"harness: error: {shown(exc)}", file=sys.stderr)
         raise SystemExit(2) from None
     sys.argv = [sys.argv[0], *argv]
-    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_job)()
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_job(run_job, plan))()
+
+
+def _job(run_job, plan):
+    """run_job with the pre-check's plan (None for a sweep, whose jobs prepare their own); Hydra
+    reads the job's name off the wrapped function."""
+    import functools
+
+    @functools.wraps(run_job)
+    def job(cfg):
+        return run_job(cfg, plan)
+    return job

@@ -22,25 +22,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
-
-from harness.config.validate import mixer_core
 from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
+from harness.train.plan import RunPlan
 
 MAX_CALL_S = 2.0  # a call predicted (from the previous length) to take longer is skipped
 
 
-def cost_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def cost_run(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
+    """The plan's cost tables (its mixer's core found when the plan was made) into out_dir."""
     from harness.bench import cases
     from harness.bench.report import crossovers, format_tables, limit_ratios, memory_exponents
     from harness.bench.run import BenchConfig, measure_forms
     from harness.bench.timing import median
-    from harness.devices import select_device
 
     started = time.time()
+    cfg, device = plan.cfg, plan.device
     cc = cfg.cost
-    device = select_device(cfg.trainer.device)
-    family, d_key = mixer_core(cfg)
+    family, d_key = plan.core
     forms = [f for f in cc.forms if f in cases.FORMS[family]]
     bench = BenchConfig(device=str(device), bf16=cfg.trainer.precision == "bf16", batch=cc.batch_size,
                         heads=cc.n_heads, head_dim=cc.head_dim, seq_lens=list(cc.seq_lens), families=[family],

@@ -1,4 +1,4 @@
-"""One Hydra job: validate, skip if already done, dispatch on `mode`, record the outcome.
+"""One Hydra job: prepare its plan (harness.train.plan), skip if already done, dispatch on `mode`, record the outcome.
 
 In a sweep a failing job writes a results.json with status "failed" and its error, and the
 sweep goes on; `harness.run.sweep.SweepSummary` reports what failed and why at the end.
@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from harness.errors import (OutOfMemory, OutputError, RunError, first_line, in_o
 from harness.outputs.lock import LOCK_FILE, RunDirLock
 from harness.outputs.results import (RESULTS_FILE, base_results, config_hash, read_results, write_json,
                              write_text)
+from harness.train.plan import RunPlan, prepare
 
 
 def _hydra_context() -> tuple[Path | None, bool, Path | None]:
@@ -67,21 +69,32 @@ def set_aside_other_run(out_dir: Path, sweep_dir: Path, digest: str) -> Path | N
     return dest
 
 
-def dispatch(cfg: DictConfig, out_dir: Path, resume: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run cfg's mode; ``resume``: a training checkpoint already loaded from out_dir."""
-    if cfg.mode == "train":
+def dispatch(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the plan's mode; ``resume``: a training checkpoint already loaded from out_dir."""
+    mode = plan.cfg.mode
+    if mode == "train":
         from harness.train.loop import train
 
-        return train(cfg, out_dir, resume=resume)
-    if cfg.mode == "probe":
+        return train(plan, out_dir, resume=resume)
+    if mode == "probe":
         from harness.run.probe_mode import probe_run
 
-        return probe_run(cfg, out_dir)
-    if cfg.mode == "cost":
+        return probe_run(plan, out_dir)
+    if mode == "cost":
         from harness.run.cost_mode import cost_run
 
-        return cost_run(cfg, out_dir)
-    raise ValueError(f"unknown mode '{cfg.mode}'")
+        return cost_run(plan, out_dir)
+    raise ValueError(f"unknown mode '{mode}'")
+
+
+def plan_for(cfg: DictConfig, made: RunPlan | None = None) -> RunPlan:
+    """The run's plan: ``made`` (the CLI prepares a single run before Hydra starts it) when it is
+    of this very config, else cfg prepared here (its one validation)."""
+    from harness.config.validate import resolved
+
+    if made is not None and resolved(made.cfg) == resolved(cfg):
+        return replace(made, cfg=cfg)
+    return prepare(cfg)
 
 
 def _make_output_dir(cfg: DictConfig, run_dir: Path | None) -> Path:
@@ -117,7 +130,7 @@ def _claim(out_dir: Path, multirun: bool) -> RunDirLock:
     return lock
 
 
-def _prepare(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
+def _write_config(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     """config.yaml written into the claimed out_dir, and the checkpoint a training run there
     continues from (loaded once, here), or None."""
     from harness.outputs.checkpoint import find_resume
@@ -157,6 +170,14 @@ def discard_refused(run_dir: Path, cfg: DictConfig) -> None:
         parent = parent.parent
 
 
+def _refused(exc: BaseException, cfg: DictConfig, run_dir: Path | None, multirun: bool) -> dict[str, Any]:
+    """A run refused before it could record anything (a bad config, no place to write): said, and
+    stopped (a sweep goes on); a single run's bad input leaves no run directory behind."""
+    if not multirun and run_dir is not None and isinstance(exc, ValueError):
+        discard_refused(run_dir, cfg)
+    return _give_up(exc, cfg, multirun)
+
+
 def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool, also: str = "") -> dict[str, Any]:
     """A failed job: in a sweep, report it and let the sweep go on; alone, exit non-zero with
     one line (2 for bad input, 1 for a run error), or re-raise anything unexpected. ``also``:
@@ -170,34 +191,25 @@ def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool, also: str = ""
     raise exc
 
 
-def run_job(cfg: DictConfig) -> dict[str, Any]:
-    from harness.config.validate import validate_config
-
+def run_job(cfg: DictConfig, plan: RunPlan | None = None) -> dict[str, Any]:
+    """One run of cfg; ``plan``: cfg's plan, when the caller made it before Hydra started."""
     run_dir, multirun, sweep_dir = _hydra_context()
-    if not multirun:  # refused before anything is written (a sweep records the failure instead)
-        try:
-            validate_config(cfg)  # once per run: the pre-check's validation is remembered
-        except ValueError as exc:
-            if run_dir is not None:
-                discard_refused(run_dir, cfg)
-            return _give_up(exc, cfg, multirun)
     try:
+        if not multirun:  # refused before anything is written (a sweep records the failure instead)
+            plan = plan_for(cfg, plan)
         out_dir = _make_output_dir(cfg, run_dir)
         lock = _claim(out_dir, multirun)
-    except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
-        if not multirun and run_dir is not None and isinstance(exc, ValueError):
-            discard_refused(run_dir, cfg)
-        return _give_up(exc, cfg, multirun)
+    except (ValueError, RunError) as exc:
+        return _refused(exc, cfg, run_dir, multirun)
     try:
-        return _run_claimed(cfg, out_dir, run_dir, multirun, sweep_dir)
+        return _run_claimed(cfg, plan, out_dir, run_dir, multirun, sweep_dir)
     finally:
         lock.release()
 
 
-def _run_claimed(cfg: DictConfig, out_dir: Path, run_dir: Path | None, multirun: bool,
+def _run_claimed(cfg: DictConfig, plan: RunPlan | None, out_dir: Path, run_dir: Path | None, multirun: bool,
                  sweep_dir: Path | None) -> dict[str, Any]:
-    from harness.config.validate import validate_config
-
+    """``plan``: None in a sweep, whose job prepares its config here, where a failure is recorded."""
     if multirun and cfg.sweep.skip_completed and sweep_dir is not None:
         done = find_completed(sweep_dir, config_hash(cfg))
         if done is not None:
@@ -206,20 +218,18 @@ def _run_claimed(cfg: DictConfig, out_dir: Path, run_dir: Path | None, multirun:
     if multirun and sweep_dir is not None:
         set_aside_other_run(out_dir, sweep_dir, config_hash(cfg))
     try:
-        saved = _prepare(cfg, out_dir)
-    except (ValueError, RunError) as exc:  # nowhere to record it: say it and stop (a sweep goes on)
-        if not multirun and run_dir is not None and isinstance(exc, ValueError):
-            discard_refused(run_dir, cfg)
-        return _give_up(exc, cfg, multirun)
+        saved = _write_config(cfg, out_dir)
+    except (ValueError, RunError) as exc:
+        return _refused(exc, cfg, run_dir, multirun)
 
     started = time.time()
     try:
-        validate_config(cfg)
+        plan = plan or prepare(cfg)
         if cfg.trainer.threads:  # e.g. 1 per run when a launcher runs one run per core
             import torch
 
             torch.set_num_threads(cfg.trainer.threads)
-        return dispatch(cfg, out_dir, resume=saved)
+        return dispatch(plan, out_dir, resume=saved)
     except KeyboardInterrupt:
         raise
     except Exception as exc:

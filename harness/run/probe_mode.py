@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
+from harness.train.plan import RunPlan
 
 
 def probe_options(model: DictConfig) -> dict[str, Any]:
@@ -17,15 +18,12 @@ def probe_options(model: DictConfig) -> dict[str, Any]:
     return {**fields, **dict(model.options or {})}
 
 
-def probe_run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def probe_run(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
+    """The plan's probe (its rows checked to fit when the plan was made) into out_dir."""
     from harness.measure.probe import run_probe
-    from harness.devices import select_device
-
-    from harness.run.resources import check_probe_run
 
     started = time.time()
-    device = select_device(cfg.trainer.device)
-    check_probe_run(cfg)  # refused before anything is drawn if a row cannot fit
+    cfg, device = plan.cfg, plan.device
     rows = run_probe([cfg.model.name], list(cfg.probe.d), list(cfg.probe.n) if cfg.probe.n is not None else None, seed=cfg.probe.seed,
                      candidates=cfg.probe.candidates, max_queries=cfg.probe.max_queries,
                      device=str(device), progress=cfg.trainer.progress,

@@ -7,27 +7,21 @@ estimate and the limit, before anything large is allocated (harness.devices.chec
   probe  every (d, N) row of the grid (harness.measure.probe.probe_row_bytes)
   cost   nothing up front: each measured call that would not fit is skipped and recorded so
          (harness.bench.run.measure_forms)
+
+A run's plan makes the check once (harness.train.plan.prepare); this is the same check for a
+caller that holds a plan, or a config it has not prepared.
 """
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-
-def check_resources(cfg: DictConfig) -> None:
-    """ResourceError (a ValueError: exit code 2) if cfg's run cannot fit on its device."""
-    if cfg.mode == "train":
-        from harness.train.memory import check_training
-
-        check_training(cfg)
-    elif cfg.mode == "probe":
-        check_probe_run(cfg)
+from harness.train.plan import RunPlan, as_plan
+from harness.train.plan import check_resources as check_plan
 
 
-def check_probe_run(cfg: DictConfig) -> None:
-    from harness.devices import select_device
-    from harness.measure.probe import check_probe
-
-    pr = cfg.probe
-    check_probe([cfg.model.name], list(pr.d), list(pr.n) if pr.n is not None else None,
-                device=str(select_device(cfg.trainer.device)), candidates=pr.candidates,
-                max_queries=pr.max_queries)
+def check_resources(run: RunPlan | DictConfig) -> None:
+    """ResourceError (a ValueError: exit code 2) if the run cannot fit on its device."""
+    if isinstance(run, RunPlan):
+        check_plan(run)
+    else:
+        as_plan(run)  # preparing a config checks its resources

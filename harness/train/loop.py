@@ -1,12 +1,18 @@
-"""Training loop: config -> task batches -> model -> metrics -> results.json.
+"""Training loop: a run's plan -> task batches -> model -> metrics -> results.json.
+
+`train` runs three phases: `start` (the seed, evaluation sets, model, optimiser, a resumed
+checkpoint, the logger), `steps` (the step loop with its evaluations and checkpoints) and
+`finish` (the final evaluations, the summary, the measurements, model.pt and results.json).
+Evaluation itself is harness.train.evaluate.
 
 AdamW with warmup and cosine decay, gradient clipping, evaluation on the validation split
 every `trainer.eval_every` steps and at the end (metrics.jsonl; early stop once every
 evaluation setting reaches `trainer.target_accuracy`, or after `trainer.patience` evaluations
 without improvement: the summary's `stop_reason`), and on the test split once at the end
 (the accuracy results.json reports; `val_accuracy` beside it is what a sweep selects on).
-Training batches are generated on the device, `data_chunk` steps at a time in one vectorised call; the loss is read back to the host only when the progress
-bar refreshes, so the hot loop has no other host-device sync.
+Training batches are generated on the device, `data_chunk` steps at a time in one vectorised
+call; the loss is read back to the host only when the progress bar refreshes, so the hot loop
+has no other host-device sync.
 """
 from __future__ import annotations
 
@@ -25,13 +31,12 @@ from tqdm.auto import tqdm
 
 from harness.errors import OutOfMemory, RunError, first_line, is_out_of_memory
 from harness.layers.parts import qk_width
-from harness.outputs.results import (METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info,
-                             flat_config, write_json)
-from harness.config.build import build_model, model_config, task_config
-from harness.devices import format_bytes, select_device
-from harness.tasks import IGNORE, label_positions, train_length
-from harness.train.memory import examples_per_pass
-
+from harness.outputs.results import METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info, write_json
+from harness.devices import format_bytes
+from harness.tasks import IGNORE, label_positions
+from harness.train.evaluate import (EvalSet, evaluate, make_eval_sets, periodic_sets, setting_names,
+                                    with_val_accuracy)
+from harness.train.plan import RunPlan, as_plan
 
 
 def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
@@ -83,152 +88,6 @@ def train_batches(module, tcfg, tr, seed: int, device: torch.device, start: int 
             sl = slice(i * tr.batch_size, (i + 1) * tr.batch_size)
             yield big.inputs[sl], positions[sl], targets[sl]
         chunk, skip = chunk + 1, 0
-
-
-@dataclass
-class EvalSet:
-    """A held-out batch for one evaluation setting (fixed for the whole run)."""
-    name: str
-    batch: Any
-    seq_len: int
-
-
-def setting_names(settings: list) -> list[str]:
-    """A name per evaluation setting from the fields in which the settings differ, in the order
-    of the task's Config ("num_pairs=8", "seq_len=1024,num_pairs=8", "seq_len=4096,depth=0.5");
-    a single setting is named by its num_pairs where it has one, else "set0"."""
-    rows = [dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(vars(s)) for s in settings]
-    fields = [f for f in rows[0] if len({repr(r.get(f)) for r in rows}) > 1] if rows else []
-    if not fields and rows and "num_pairs" in rows[0]:
-        fields = ["num_pairs"]
-    if not fields:
-        return [f"set{i}" for i in range(len(rows))]
-    return [",".join(f"{f}={r[f]:g}" if isinstance(r[f], float) else f"{f}={r[f]}" for f in fields) for r in rows]
-
-
-def make_eval_sets(module, tcfg, tr, seed: int, device: torch.device, split: str = "test") -> list[EvalSet]:
-    """One held-out batch of `trainer.eval_examples` examples per evaluation setting of the task
-    (its eval_settings: test N x test lengths, say), from the `split` stream: "val" is evaluated
-    during training (early stop, and the split a sweep chooses learning rates on), "test" once
-    at the end (the reported numbers). A task that trains on other settings than it tests (the
-    recall task's mixture) names its validation settings with `val_settings`."""
-    settings = module.eval_settings(tcfg)
-    if split == "val" and hasattr(module, "val_settings"):
-        settings = module.val_settings(tcfg)
-    sets = []
-    for i, (setting, name) in enumerate(zip(settings, setting_names(settings))):
-        batch = module.make_batch(setting, tr.eval_examples, seed=seed * 7919 + i,
-                                  device=device, split=split)
-        sets.append(EvalSet(name=name, batch=batch, seq_len=batch.inputs.shape[1]))
-    return sets
-
-
-def periodic_sets(eval_sets: list[EvalSet], train_len: int) -> list[EvalSet]:
-    """The sets evaluated every `trainer.eval_every` steps (and that early stopping watches):
-    those no longer than the training length. Longer ones measure extrapolation, not training
-    progress, and are evaluated once, at the end; when every set is longer (the run asks for
-    nothing else), all are periodic."""
-    return [es for es in eval_sets if es.seq_len <= train_len] or list(eval_sets)
-
-
-EVAL_FORM = "chunk"  # evaluation runs the linear families in the chunk form: memory linear in T
-
-
-def _eval_pass(model, inputs: torch.Tensor, targets: torch.Tensor, autocast):
-    """One forward pass with the head at the labelled positions: (logits (B, K, V), targets (B, K),
-    positions (B, K))."""
-    positions, tgt = label_positions(targets)
-    with autocast():
-        logits = model(inputs, positions)
-    return logits, tgt, positions
-
-
-def _evaluate_set(model, es: EvalSet, autocast, per_pass: int) -> tuple[dict, list[dict]]:
-    b = es.batch
-    slices = b.slices() if hasattr(b, "slices") else [(b.slice_name, b.slice_value)]
-    correct, loss_sum, seen = [], 0.0, {name: [] for name, _ in slices}
-    for s in range(0, b.inputs.shape[0], per_pass):
-        part = slice(s, s + per_pass)
-        logits, tgt, positions = _eval_pass(model, b.inputs[part], b.targets[part], autocast)
-        mask = tgt != IGNORE  # (B, K)
-        loss_sum += F.cross_entropy(logits[mask].float(), tgt[mask], reduction="sum").item()
-        correct.append((logits.argmax(-1) == tgt)[mask])
-        for name, value in slices:
-            seen[name].append(value[part].gather(1, positions)[mask])
-    hits = torch.cat(correct).float()
-    n = hits.numel()
-    setting = {"name": es.name, "accuracy": hits.mean().item(), "loss": loss_sum / n, "count": n,
-               "seq_len": es.seq_len}
-    rows = []
-    for name, parts in seen.items():
-        values = torch.cat(parts)
-        for v in torch.unique(values).tolist():
-            sel = values == v
-            rows.append({"slice": name, "value": int(v), "seq_len": es.seq_len,
-                         "accuracy": hits[sel].mean().item(), "count": int(sel.sum())})
-    return setting, rows
-
-
-def _eval_memory(model, es: EvalSet, autocast, per_pass: int) -> int:
-    """Peak bytes of one evaluation pass at this setting's length (the streamed evaluation holds
-    one pass at a time, so this is its peak), beyond the parameters and the held-out batch.
-    CUDA: torch.cuda.max_memory_allocated. CPU: the live-memory tracker (harness.peak_memory), with
-    the fused CPU chunk kernels off for the pass, as the tracker cannot see inside them (the
-    batched forms they stand for hold at least as much)."""
-    from harness.peak_memory import peak_memory
-    from harness.ops import fused_cpu_enabled, set_fused_cpu
-
-    device = es.batch.inputs.device
-    inputs, targets = es.batch.inputs[:per_pass], es.batch.targets[:per_pass]
-    existing = [*model.parameters(), *model.buffers(), es.batch.inputs, es.batch.targets]
-    fused = fused_cpu_enabled()
-    set_fused_cpu(fused and device.type != "cpu")
-    try:
-        return peak_memory(lambda: _eval_pass(model, inputs, targets, autocast), device, existing)
-    finally:
-        set_fused_cpu(fused)
-
-
-@torch.no_grad()
-def evaluate(model, eval_sets: list[EvalSet], autocast, *, tokens: int = 1 << 14,
-             memory: bool = False) -> dict[str, Any]:
-    """Accuracy and loss per setting and per slice value (N, distance, ...; each row with its
-    length), streamed: passes of about `tokens` tokens (at least one example each), the head
-    at the labelled positions only, the linear families in the chunk form whatever the
-    training form (the forms agree; memory stays linear in T). memory=True adds each setting's
-    peak memory of one pass (peak_mem_bytes) and the examples per pass."""
-    model.eval()
-    form = getattr(model.cfg, "form", None)
-    if form is not None and form != EVAL_FORM:
-        model.set_form(EVAL_FORM)
-    per_set, slices = [], []
-    try:
-        for es in eval_sets:
-            per_pass = examples_per_pass(es.seq_len, tokens)
-            started = time.perf_counter()
-            setting, rows = _evaluate_set(model, es, autocast, per_pass)
-            setting["time_s"] = time.perf_counter() - started
-            if memory:
-                setting.update(peak_mem_bytes=_eval_memory(model, es, autocast, per_pass),
-                               examples_per_pass=min(per_pass, es.batch.inputs.shape[0]), form=EVAL_FORM)
-            per_set.append(setting)
-            slices.extend(rows)
-    finally:
-        if form is not None and form != EVAL_FORM:
-            model.set_form(form)
-        model.train()
-    accuracy = sum(p["accuracy"] for p in per_set) / len(per_set)
-    loss = sum(p["loss"] for p in per_set) / len(per_set)
-    return {"accuracy": accuracy, "loss": loss, "min_accuracy": min(p["accuracy"] for p in per_set),
-            "settings": per_set, "slices": slices}
-
-
-def with_val_accuracy(test_slices: list[dict], val_slices: list[dict]) -> list[dict]:
-    """Test slice rows with the validation accuracy of the same (slice, value, seq_len) beside
-    them (`val_accuracy`, NaN where the validation batch has no such slice value)."""
-    val = {(r["slice"], r["value"], r["seq_len"]): r["accuracy"] for r in val_slices}
-    return [{**r, "val_accuracy": val.get((r["slice"], r["value"], r["seq_len"]), math.nan)}
-            for r in test_slices]
 
 
 def autocast_factory(device: torch.device, precision: str):
@@ -347,12 +206,11 @@ class LoopState:
         return dataclasses.asdict(self)
 
 
-def _checkpoint_payload(cfg, model, opt, sched, loop: LoopState, logger) -> dict[str, Any]:
+def _checkpoint_payload(plan: RunPlan, model, opt, sched, loop: LoopState, logger) -> dict[str, Any]:
     from harness.outputs import checkpoint
-    from harness.outputs.results import config_hash
 
-    return {"format": checkpoint.FORMAT, "step": loop.step, "config_hash": config_hash(cfg),
-            "config": flat_config(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
+    return {"format": checkpoint.FORMAT, "step": loop.step, "config_hash": plan.digest,
+            "config": plan.flat, "model": model.state_dict(), "optimizer": opt.state_dict(),
             "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(), "loop": loop.as_dict(),
             "logger_id": logger.run_id}
 
@@ -369,196 +227,283 @@ def _restore(saved: dict[str, Any], model, opt, sched) -> LoopState:
     return loop
 
 
-def train(cfg: DictConfig, out_dir: Path, on_step: Callable[[int], None] | None = None,
-          resume: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train cfg's model on its task; write metrics and results into out_dir.
+@dataclass
+class Run:
+    """A training run under way: its plan, the model and optimiser, the evaluation sets, the loop's
+    state and where it writes (what the phases start, steps and finish pass on)."""
+    plan: RunPlan
+    out_dir: Path
+    model: Any
+    step_model: Any                  # the model the step calls (compiled with trainer.compile)
+    watch: Any                       # harness.train.faults.FaultWatch
+    opt: Any
+    sched: Any
+    autocast: Callable[[], Any]
+    loop: LoopState
+    eval_sets: list[EvalSet]         # the test split: reported at the end
+    periodic: list[EvalSet]          # the validation split, evaluated every eval_every steps
+    logger: Any
+    metrics: MetricsLog
+    terminate: Any                   # harness.outputs.checkpoint.TerminationRequest
+    results: dict[str, Any]
+    started: float                   # wall-clock start (earlier by a resumed run's elapsed time)
+    cpu_started: float
+    ckpt_path: Optional[Path] = None
+    ckpt_step: Optional[int] = None
+    batches: Any = None
+    bar: Any = None
+    clock: Optional[StepClock] = None
+    eval_lines: bool = False         # one line per evaluation (a non-terminal log) instead of the bar
+    setup_s: float = 0.0             # this process's seconds before its first step
 
-    A checkpoint (`checkpoint.pt`) is written every `trainer.ckpt_every` steps; if out_dir
-    already holds one of this configuration, training continues from it and ends exactly as
-    an uninterrupted run would. ``on_step(step)`` is called after each optimizer step (and the
+    @property
+    def checkpoint_record(self) -> dict[str, Any] | None:
+        return {"path": str(self.ckpt_path), "step": self.ckpt_step} if self.ckpt_step is not None else None
+
+
+def train(run: RunPlan | DictConfig, out_dir: Path, on_step: Callable[[int], None] | None = None,
+          resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train the plan's model on its task (a config is prepared first: harness.train.plan); write
+    metrics and results into out_dir.
+
+    A checkpoint (`checkpoint-<step>-<digest>.pt`) is written every `trainer.ckpt_every` steps; if
+    out_dir already holds one of this configuration, training continues from it and ends exactly
+    as an uninterrupted run would. ``on_step(step)`` is called after each optimizer step (and the
     loop's logging), before any evaluation: the loop benchmark times steps with it.
     ``resume``: that checkpoint, when the caller has loaded it already (harness.run.job does).
     """
+    from harness.train.faults import NumericalFault
+
+    r = start(as_plan(run), out_dir, resume, on_step)
+    failed = True
+    try:
+        reason = steps(r)
+        last_eval = finish(r, reason)
+        failed = False
+    except NumericalFault as fault:
+        fault.record["checkpoint"] = r.checkpoint_record
+        raise
+    except Exception as exc:  # an allocation that failed although the estimate fitted
+        if not is_out_of_memory(exc):
+            raise
+        raise OutOfMemory(f"out of memory at step {r.loop.step} of training ({first_line(exc)}); "
+                          f"lower trainer.batch_size or trainer.eval_examples, or use a larger device",
+                          oom={"step": r.loop.step, "error": first_line(exc, 500)},
+                          checkpoint=r.checkpoint_record) from None
+    finally:
+        r.terminate.restore()
+        r.metrics.close()
+        r.logger.finish(failed=failed)
+    _report(r.plan.cfg, r.results["summary"], last_eval, out_dir)
+    return r.results
+
+
+def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
+          on_step: Callable[[int], None] | None = None) -> Run:
+    """Everything before the first step: the seed, the evaluation sets, the model and optimiser
+    (restored from ``resume`` or a checkpoint in out_dir), the logger, the metrics file, the data
+    stream and the progress display."""
     from harness.outputs import checkpoint
-    from harness.train.faults import FaultWatch, NumericalFault
-    from harness.train.memory import check_training
+    from harness.outputs.wandb_logger import make_logger
+    from harness.train.faults import FaultWatch
 
     started, t0, cpu_started = time.time(), time.perf_counter(), time.process_time()
-    tr = cfg.trainer
-    eval_tokens = check_training(cfg)  # before any allocation: refused, or evaluation in pieces that fit
-    if eval_tokens < tr.eval_tokens:
-        print(f"[harness] evaluation in pieces of {eval_tokens:,} tokens (trainer.eval_tokens="
+    cfg, tr, device = plan.cfg, plan.cfg.trainer, plan.device
+    if plan.eval_tokens < tr.eval_tokens:
+        print(f"[harness] evaluation in pieces of {plan.eval_tokens:,} tokens (trainer.eval_tokens="
               f"{tr.eval_tokens:,} at once would not fit)")
-    device = select_device(tr.device)
     torch.manual_seed(cfg.seed)
     if device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
-    module, tcfg = task_config(cfg.task)
-    mcfg = model_config(cfg.model)
+    module, tcfg = plan.module, plan.tcfg
     saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
     eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)  # test: reported at the end
-    max_len = max(es.seq_len for es in eval_sets)
     # validation at the training length, every eval_every steps: what early stopping watches
     # and what a sweep chooses learning rates on (val_accuracy in the summary). The longer
     # settings' validation batches are never read: not kept, so they are freed at once.
-    periodic = periodic_sets(make_eval_sets(module, tcfg, tr, cfg.seed, device, split="val"),
-                             train_length(module, tcfg))
-    model = build_model(cfg).to(device)
-    watch = FaultWatch(model, mcfg.name)  # hooks first, so a compiled model keeps them
+    periodic = periodic_sets(make_eval_sets(module, tcfg, tr, cfg.seed, device, split="val"), plan.train_len)
+    model = plan.build_model().to(device)
+    watch = FaultWatch(model, plan.mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
     opt = build_optimizer(model, tr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(tr))
-    autocast = autocast_factory(device, tr.precision)
     loop = LoopState(running=torch.zeros((), device=device))
     if saved is not None:
         loop = _restore(saved, model, opt, sched)
         started -= loop.elapsed_s
         print(f"[harness] resuming from {saved['path']} at step {loop.step}")
-    ckpt_path = Path(saved["path"]) if saved is not None else None
-    ckpt_step = loop.step if saved is not None else None
-
-    from harness.outputs.wandb_logger import make_logger
-
-    flat = flat_config(cfg)
-    logger = make_logger(cfg.logger, flat, out_dir, name=f"{cfg.task.name}-{mcfg.name}",
+    logger = make_logger(cfg.logger, dict(plan.flat), out_dir, name=f"{cfg.task.name}-{plan.mcfg.name}",
                          run_id=saved.get("logger_id") if saved else None)
-    metrics = MetricsLog(out_dir / METRICS_FILE, resume_step=ckpt_step)
-    results = base_results(cfg, "train")
-    failed = True
-    terminate = checkpoint.TerminationRequest()  # a pre-empted job saves its step, then stops
-    try:
-        batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
-        # a progress bar on a terminal; in a log file (a cluster job) one line per evaluation
-        # instead of a carriage-return update at every refresh
-        bar_on = bool(tr.progress) and sys.stderr.isatty()  # the stream tqdm writes to
-        eval_lines = bool(tr.progress) and not bar_on
-        bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{mcfg.name}",
-                   disable=not bar_on, dynamic_ncols=True, leave=True)
-        reason = "max_steps"
-        on_step = clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
-        setup_s = clock.last - t0
-        # the settings each step reads, as plain values: an OmegaConf read costs microseconds
-        max_steps, log_every, eval_every, ckpt_every = tr.max_steps, tr.log_every, tr.eval_every, tr.ckpt_every
-        grad_clip, target_accuracy = float(tr.grad_clip), tr.target_accuracy
-        patience, min_delta, min_steps = tr.patience, float(tr.min_delta), int(tr.min_steps)
-        while loop.step < max_steps:
-            inputs, positions, targets = next(batches)
-            with watch.forward_pass(), autocast():
-                loss = lm_loss(step_model(inputs, positions), targets)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            loop.step += 1
-            step = loop.step
-            watch.clip_and_record(step, loss, grad_clip)
-            opt.step()
-            sched.step()
-            loop.running += loss.detach()
-            if step % log_every == 0 or step == max_steps:
-                watch.check()  # reads the loss back anyway: the fault check rides on that sync
-                loop.last_loss = (loop.running / (step % log_every or log_every)).item()
-                loop.running.zero_()
-                bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval.get('accuracy', 0):.3f}")
-                logger.log({"train/loss": loop.last_loss, "train/lr": sched.get_last_lr()[0]}, step=step)
-            bar.update(1)
-            if on_step is not None:
-                on_step(step)
-            if step % eval_every == 0 or step == max_steps:
-                watch.check()
-                loop.last_eval = evaluate(model, periodic, autocast, tokens=eval_tokens)
-                loop.eval_step = step
-                row = {"step": step, "time_s": time.time() - started, "split": "val",
-                       "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
-                       **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}}
-                metrics.write(row)
-                if eval_lines:
-                    print(f"[harness] step {step}/{max_steps}: train loss {loop.last_loss:.3f}, val accuracy "
-                          f"{row['accuracy']:.3f}, val loss {row['loss']:.3f}", flush=True)
-                logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
-                bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval['accuracy']:.3f}")
-                loop.record_eval(step, loop.last_eval["accuracy"], loop.last_eval["loss"], min_delta)
-                why = stop_reason(loop, loop.last_eval, step, target_accuracy, patience, min_steps)
-                if why is not None:
-                    reason = why if step < max_steps else reason
-                    break
-            due = ckpt_every and step % ckpt_every == 0
-            if (due or terminate.requested) and step < max_steps:
-                watch.check()  # only a clean state is saved: the last checkpoint is always good
-                loop.elapsed_s = time.time() - started
-                kept = checkpoint.save_checkpoint(out_dir, step, _checkpoint_payload(
-                    cfg, model, opt, sched, loop, logger))
-                if kept is not None:  # None: a directory holds its name (warned); the last one stands
-                    ckpt_path, ckpt_step = kept, step
-                if terminate.requested:
-                    raise RunError(f"stopped by SIGTERM after step {step}; the checkpoint "
-                                   f"{ckpt_path} holds it: rerun the same command to resume")
-        bar.close()
-        watch.check()
-        step, val_eval = loop.step, loop.last_eval
-        if loop.eval_step != step:
-            val_eval = evaluate(model, periodic, autocast, tokens=eval_tokens)
-            loop.record_eval(step, val_eval["accuracy"], val_eval["loss"], float(tr.min_delta))
-        # the test split, every setting, the longer ones too, and each one's peak memory: what
-        # the run reports
-        last_eval = evaluate(model, eval_sets, autocast, tokens=eval_tokens, memory=True)
-        summary: dict[str, Any] = {
-            "accuracy": last_eval["accuracy"], "loss": last_eval["loss"],
-            "val_accuracy": val_eval["accuracy"], "val_loss": val_eval["loss"], "steps": step,
-            "stopped_early": reason != "max_steps", "stop_reason": reason, "steps_run": step,
-            "best_val_accuracy": loop.best_accuracy, "best_val_step": loop.best_step, "params": sum(p.numel() for p in model.parameters()),
-            "step_time_s": clock.seconds_per_step(),
-            **state_summary(model, max_len),
-        }
-        for p in last_eval["settings"]:
-            summary[f"accuracy/{p['name']}"] = p["accuracy"]
-        for p in val_eval["settings"]:
-            summary[f"val_accuracy/{p['name']}"] = p["accuracy"]
-        results["slices"] = with_val_accuracy(last_eval["slices"], val_eval["slices"])
-        results["settings"] = last_eval["settings"]
-        summary["eval_peak_mem_bytes"] = max(p["peak_mem_bytes"] for p in last_eval["settings"])
-        if tr.measure:
-            measure_t0 = time.perf_counter()
-            measured = _measure(model, eval_sets, tr.measure_examples)
-            # the out-of-sample law: statistics at the training setting (validation data), then
-            # every test setting predicted from its layout alone (harness.measure.out_of_sample)
-            from harness.measure.trained_theory import add_out_of_sample
-            summary.update(add_out_of_sample(results, model, module, tcfg, eval_sets, examples=tr.eval_examples,
-                                             max_examples=tr.measure_examples, seed=cfg.seed))
-            summary["measure_time_s"] = time.perf_counter() - measure_t0
-            summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
-            results["heads"] = measured["heads"]
-            results["measure"] = measured["measure"]
-        summary["setup_time_s"] = setup_s  # this process's, before its first step
-        summary["wall_time_s"] = time.time() - started
-        # CPU seconds of this process (this start only): with trainer.threads=1 about the wall
-        # time the run takes on an idle core, whatever else the machine is doing.
-        summary["cpu_time_s"] = time.process_time() - cpu_started
-        results["summary"] = summary
-        results["env"] = env_info(str(device))
-        if tr.checkpoint:  # its checksum goes into results.json (checkpoint.load_model verifies it)
-            results["files"] = {checkpoint.MODEL_FILE: checkpoint.save_model(
-                out_dir, {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True)})}
-        write_json(out_dir / RESULTS_FILE, results)
-        checkpoint.remove_checkpoints(out_dir)  # finished: model.pt and results.json replace them
-        logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
-        failed = False
-    except NumericalFault as fault:
-        fault.record["checkpoint"] = ({"path": str(ckpt_path), "step": ckpt_step}
-                                      if ckpt_step is not None else None)
-        raise
-    except Exception as exc:  # an allocation that failed although the estimate fitted
-        if not is_out_of_memory(exc):
-            raise
-        raise OutOfMemory(f"out of memory at step {loop.step} of training ({first_line(exc)}); "
-                          f"lower trainer.batch_size or trainer.eval_examples, or use a larger device",
-                          oom={"step": loop.step, "error": first_line(exc, 500)},
-                          checkpoint={"path": str(ckpt_path), "step": ckpt_step} if ckpt_step is not None
-                          else None) from None
-    finally:
-        terminate.restore()
-        metrics.close()
-        logger.finish(failed=failed)
-    _report(cfg, summary, last_eval, out_dir)
-    return results
+    ckpt_step = loop.step if saved is not None else None
+    r = Run(plan, out_dir, model, step_model, watch, opt, sched, autocast_factory(device, tr.precision), loop,
+            eval_sets, periodic, logger, MetricsLog(out_dir / METRICS_FILE, resume_step=ckpt_step), None,
+            base_results(cfg, "train"), started, cpu_started,
+            ckpt_path=Path(saved["path"]) if saved is not None else None, ckpt_step=ckpt_step)
+    r.terminate = checkpoint.TerminationRequest()  # a pre-empted job saves its step, then stops
+    r.batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
+    # a progress bar on a terminal; in a log file (a cluster job) one line per evaluation
+    # instead of a carriage-return update at every refresh
+    bar_on = bool(tr.progress) and sys.stderr.isatty()  # the stream tqdm writes to
+    r.eval_lines = bool(tr.progress) and not bar_on
+    r.bar = tqdm(total=tr.max_steps, initial=loop.step, desc=f"{cfg.task.name}/{plan.mcfg.name}",
+                 disable=not bar_on, dynamic_ncols=True, leave=True)
+    r.clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
+    r.setup_s = r.clock.last - t0
+    return r
+
+
+def steps(r: Run) -> str:
+    """The step loop, from the run's step on, until trainer.max_steps or an early stop (evaluated
+    every eval_every steps, checkpointed every ckpt_every): why it stopped (the summary's
+    stop_reason)."""
+    tr = r.plan.cfg.trainer
+    # the settings each step reads, as plain values: an OmegaConf read costs microseconds
+    max_steps, log_every, eval_every, ckpt_every = tr.max_steps, tr.log_every, tr.eval_every, tr.ckpt_every
+    grad_clip = float(tr.grad_clip)
+    loop, watch, opt, sched, step_model, autocast = r.loop, r.watch, r.opt, r.sched, r.step_model, r.autocast
+    while loop.step < max_steps:
+        inputs, positions, targets = next(r.batches)
+        with watch.forward_pass(), autocast():
+            loss = lm_loss(step_model(inputs, positions), targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        loop.step += 1
+        step = loop.step
+        watch.clip_and_record(step, loss, grad_clip)
+        opt.step()
+        sched.step()
+        loop.running += loss.detach()
+        if step % log_every == 0 or step == max_steps:
+            _log_loss(r, step, log_every)
+        r.bar.update(1)
+        r.clock(step)
+        if step % eval_every == 0 or step == max_steps:
+            why = _evaluate_val(r, step)
+            if why is not None:
+                return why if step < max_steps else "max_steps"
+        due = ckpt_every and step % ckpt_every == 0
+        if (due or r.terminate.requested) and step < max_steps:
+            _checkpoint(r, step)
+    return "max_steps"
+
+
+def _log_loss(r: Run, step: int, log_every: int) -> None:
+    """The mean training loss since the last refresh: read back (the loop's one host sync, which
+    the fault check rides on), shown and logged."""
+    loop = r.loop
+    r.watch.check()
+    loop.last_loss = (loop.running / (step % log_every or log_every)).item()
+    loop.running.zero_()
+    r.bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval.get('accuracy', 0):.3f}")
+    r.logger.log({"train/loss": loop.last_loss, "train/lr": r.sched.get_last_lr()[0]}, step=step)
+
+
+def _evaluate_val(r: Run, step: int) -> str | None:
+    """The validation evaluation of this step, written to metrics.jsonl and the logger; why the run
+    stops after it (harness.train.loop.stop_reason), or None."""
+    loop, tr = r.loop, r.plan.cfg.trainer
+    r.watch.check()
+    loop.last_eval = evaluate(r.model, r.periodic, r.autocast, tokens=r.plan.eval_tokens)
+    loop.eval_step = step
+    row = {"step": step, "time_s": time.time() - r.started, "split": "val",
+           "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
+           **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}}
+    r.metrics.write(row)
+    if r.eval_lines:
+        print(f"[harness] step {step}/{tr.max_steps}: train loss {loop.last_loss:.3f}, val accuracy "
+              f"{row['accuracy']:.3f}, val loss {row['loss']:.3f}", flush=True)
+    r.logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
+    r.bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval['accuracy']:.3f}")
+    loop.record_eval(step, loop.last_eval["accuracy"], loop.last_eval["loss"], float(tr.min_delta))
+    return stop_reason(loop, loop.last_eval, step, tr.target_accuracy, tr.patience, int(tr.min_steps))
+
+
+def _checkpoint(r: Run, step: int) -> None:
+    """A resumable checkpoint of this step; after a termination request, the run stops here."""
+    from harness.outputs import checkpoint
+
+    r.watch.check()  # only a clean state is saved: the last checkpoint is always good
+    r.loop.elapsed_s = time.time() - r.started
+    kept = checkpoint.save_checkpoint(r.out_dir, step, _checkpoint_payload(
+        r.plan, r.model, r.opt, r.sched, r.loop, r.logger))
+    if kept is not None:  # None: a directory holds its name (warned); the last one stands
+        r.ckpt_path, r.ckpt_step = kept, step
+    if r.terminate.requested:
+        raise RunError(f"stopped by SIGTERM after step {step}; the checkpoint "
+                       f"{r.ckpt_path} holds it: rerun the same command to resume")
+
+
+def finish(r: Run, reason: str) -> dict[str, Any]:
+    """After the last step: the final validation (unless this step had it), the test split's
+    evaluation (every setting, the longer ones too, with each one's peak memory), the summary,
+    the measurements, then model.pt and results.json. Returns the test evaluation."""
+    r.bar.close()
+    r.watch.check()
+    loop, tr, model = r.loop, r.plan.cfg.trainer, r.model
+    step, val_eval = loop.step, loop.last_eval
+    if loop.eval_step != step:
+        val_eval = evaluate(model, r.periodic, r.autocast, tokens=r.plan.eval_tokens)
+        loop.record_eval(step, val_eval["accuracy"], val_eval["loss"], float(tr.min_delta))
+    last_eval = evaluate(model, r.eval_sets, r.autocast, tokens=r.plan.eval_tokens, memory=True)
+    summary: dict[str, Any] = {
+        "accuracy": last_eval["accuracy"], "loss": last_eval["loss"],
+        "val_accuracy": val_eval["accuracy"], "val_loss": val_eval["loss"], "steps": step,
+        "stopped_early": reason != "max_steps", "stop_reason": reason, "steps_run": step,
+        "best_val_accuracy": loop.best_accuracy, "best_val_step": loop.best_step,
+        "params": sum(p.numel() for p in model.parameters()), "step_time_s": r.clock.seconds_per_step(),
+        **state_summary(model, r.plan.max_len),
+    }
+    for p in last_eval["settings"]:
+        summary[f"accuracy/{p['name']}"] = p["accuracy"]
+    for p in val_eval["settings"]:
+        summary[f"val_accuracy/{p['name']}"] = p["accuracy"]
+    results = r.results
+    results["slices"] = with_val_accuracy(last_eval["slices"], val_eval["slices"])
+    results["settings"] = last_eval["settings"]
+    summary["eval_peak_mem_bytes"] = max(p["peak_mem_bytes"] for p in last_eval["settings"])
+    if tr.measure:
+        _measure_into(r, summary)
+    summary["setup_time_s"] = r.setup_s  # this process's, before its first step
+    summary["wall_time_s"] = time.time() - r.started
+    # CPU seconds of this process (this start only): with trainer.threads=1 about the wall
+    # time the run takes on an idle core, whatever else the machine is doing.
+    summary["cpu_time_s"] = time.process_time() - r.cpu_started
+    results["summary"] = summary
+    results["env"] = env_info(str(r.plan.device))
+    _save(r, summary)
+    return last_eval
+
+
+def _measure_into(r: Run, summary: dict[str, Any]) -> None:
+    """The end-of-run measurements (harness.train.loop._measure) and the out-of-sample law: the
+    statistics at the training setting (validation data), then every test setting predicted from
+    its layout alone (harness.measure.out_of_sample), into the summary and results."""
+    from harness.measure.trained_theory import add_out_of_sample
+
+    plan, tr = r.plan, r.plan.cfg.trainer
+    measure_t0 = time.perf_counter()
+    measured = _measure(r.model, r.eval_sets, tr.measure_examples)
+    summary.update(add_out_of_sample(r.results, r.model, plan.module, plan.tcfg, r.eval_sets,
+                                     examples=tr.eval_examples, max_examples=tr.measure_examples,
+                                     seed=plan.cfg.seed))
+    summary["measure_time_s"] = time.perf_counter() - measure_t0
+    summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
+    r.results["heads"] = measured["heads"]
+    r.results["measure"] = measured["measure"]
+
+
+def _save(r: Run, summary: dict[str, Any]) -> None:
+    """model.pt (its checksum into results.json: checkpoint.load_model verifies it), results.json,
+    the checkpoints removed (the run is finished), the logger's summary."""
+    from harness.outputs import checkpoint
+
+    cfg, results = r.plan.cfg, r.results
+    if cfg.trainer.checkpoint:
+        results["files"] = {checkpoint.MODEL_FILE: checkpoint.save_model(
+            r.out_dir, {"model": r.model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True)})}
+    write_json(r.out_dir / RESULTS_FILE, results)
+    checkpoint.remove_checkpoints(r.out_dir)  # finished: model.pt and results.json replace them
+    r.logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
 
 
 def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path) -> None:

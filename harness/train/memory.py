@@ -123,7 +123,7 @@ def state_bytes(f: ModelFacts) -> float:
 
 def examples_per_pass(seq_len: int, tokens: int, examples: int | None = None) -> int:
     """Examples of length `seq_len` in one evaluation pass of `tokens` tokens (at least one;
-    at most the set's `examples`): how harness.train.loop.evaluate streams a set."""
+    at most the set's `examples`): how harness.train.evaluate.evaluate streams a set."""
     per = max(1, tokens // max(1, seq_len))
     return per if examples is None else min(per, examples)
 
@@ -172,13 +172,17 @@ class RunShape:
 
 def run_shape(cfg: DictConfig) -> RunShape:
     """cfg's sizes, from the config alone: nothing is generated (harness.tasks.train_length)."""
+    module, tcfg = task_config(cfg.task)
+    return shape_of(model_config(cfg.model), module, tcfg, cfg.trainer)
+
+
+def shape_of(mcfg: ModelConfig, module, tcfg, tr) -> RunShape:
+    """The sizes of a run of this model on this task (its module and Config) with trainer `tr`."""
     from harness.tasks import train_length
 
-    module, tcfg = task_config(cfg.task)
     train_len = train_length(module, tcfg)
     eval_lens = [train_length(module, s) for s in module.eval_settings(tcfg)]
-    facts = model_facts(model_config(cfg.model), tcfg.vocab_size, module.max_seq_len(tcfg))
-    tr = cfg.trainer
+    facts = model_facts(mcfg, tcfg.vocab_size, module.max_seq_len(tcfg))
     return RunShape(facts, train_len, eval_lens, tr.batch_size, tr.data_chunk, tr.eval_examples)
 
 
@@ -197,9 +201,12 @@ def eval_tokens(shape: RunShape, tokens: int, limit: float) -> int:
 def check_training(cfg: DictConfig) -> int:
     """Refuse (ResourceError, one line) a training run whose step or evaluation cannot fit on its
     device; otherwise the tokens per evaluation pass that fit (trainer.eval_tokens, or fewer)."""
-    shape = run_shape(cfg)
-    device = select_device(cfg.trainer.device)
-    f, tr = shape.facts, cfg.trainer
+    return fit_training(run_shape(cfg), cfg.trainer, select_device(cfg.trainer.device))
+
+
+def fit_training(shape: RunShape, tr, device) -> int:
+    """check_training of a run of this shape with trainer `tr` on `device`."""
+    f = shape.facts
     check_fits(f"training: batch {tr.batch_size} x length {shape.train_len} x width {f.d_model} "
                f"({f.n_layers} layers, {f.params:,} parameters, vocabulary {f.vocab})",
                train_bytes(f, shape.batch, shape.train_len, shape.data_chunk), device)
@@ -229,4 +236,5 @@ def total_bytes(cfg: DictConfig) -> float:
 
 
 __all__ = ["ModelFacts", "RunShape", "activation_bytes", "check_training", "eval_bytes", "eval_tokens",
-           "examples_per_pass", "model_facts", "param_count", "run_shape", "total_bytes", "train_bytes"]
+           "examples_per_pass", "fit_training", "model_facts", "param_count", "run_shape", "shape_of",
+           "total_bytes", "train_bytes"]
