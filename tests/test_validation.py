@@ -23,7 +23,7 @@ CASES = [
     (["+trainer.extra=1"], "trainer.extra", "unknown key"),
     (["task=induction", "task.num_pairs=3"], "task.num_pairs", "unknown key"),
     (["~probe"], "probe", "missing key 'probe'"),
-    (["model=transformerxl"], "model", "unknown model 'transformerxl'; valid: deltanet, dpfp, elu, favor"),
+    (["model=transformerxl"], "model", "unknown model 'transformerxl'; valid: deltanet, deltanet_additive, dpfp, dpfp_nu2"),
     (["task=nope"], "task", "unknown task 'nope'; valid: forgetting, induction, interference, needle, recall"),
     (["mode=eval"], "mode", "valid: train, probe, cost"),
     (["trainer.precision=fp8"], "trainer.precision", "'fp8'; valid: fp32, bf16"),
