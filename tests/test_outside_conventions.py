@@ -3,12 +3,10 @@ code would be, through the real CLI: each trains, or is refused in one line befo
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_extending import cli as extending_cli
 
 MIXERS = '''
 import torch
@@ -117,10 +115,8 @@ FAST = ["task.seq_len=32", "task.num_pairs=2", "model.d_model=16", "model.n_laye
 
 
 def cli(args, cwd, timeout=300):
-    env = {**os.environ, "WANDB_MODE": "disabled", "HYDRA_FULL_ERROR": "0"}
-    env["PYTHONPATH"] = os.pathsep.join([str(cwd), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    """The real CLI, with the user's folder importable (test_extending's runner)."""
+    return extending_cli(args, cwd, pythonpath=cwd, timeout=timeout)
 
 
 @pytest.fixture()
