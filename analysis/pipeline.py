@@ -95,7 +95,7 @@ def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, pa
     return ran
 
 
-def _compose(profile: str, name: str, overrides=()):
+def compose_experiment(profile: str, name: str, overrides=()):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -111,7 +111,7 @@ def _compose(profile: str, name: str, overrides=()):
 
 def sweep_params(profile: str, name: str) -> dict[str, list[str]]:
     """The grid of an experiment: each swept key and its values, as the sweeper will read them."""
-    params = _compose(profile, name).hydra.sweeper.params or {}
+    params = compose_experiment(profile, name).hydra.sweeper.params or {}
     return {str(k): [v.strip() for v in str(v).split(",")] for k, v in params.items()}
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from analysis.pipeline import render, report, sweep_command, sweep_params
+from analysis.pipeline import compose_experiment, render, report, sweep_command, sweep_params
 
 SMOKE_BATCH = 2
 SMOKE = ["logger=none", "trainer.max_steps=1", f"trainer.batch_size={SMOKE_BATCH}",
@@ -91,7 +91,7 @@ def run(profile: str, root: Path, out_dir: Path, specs, *, smoke_grid: str = "al
 def _full_settings(profile: str, name: str) -> dict:
     """What the full profile runs per job of an experiment (its first grid point)."""
     params = sweep_params(profile, name)
-    cfg = _compose(profile, name, [f"{k}={v[0]}" for k, v in params.items()])
+    cfg = compose_experiment(profile, name, [f"{k}={v[0]}" for k, v in params.items()])
     tr = cfg.trainer
     return {"mode": cfg.mode, "max_steps": tr.max_steps, "batch_size": tr.batch_size,
             "eval_every": tr.eval_every, "eval_examples": tr.eval_examples,

@@ -127,7 +127,8 @@ def user_dir(tmp_path):
 
 
 def trained(user_dir, *args):
-    out = user_dir / "run"
+    # a directory per run: a finished run of another config is not overwritten (the CLI refuses)
+    out = user_dir / f"run{len(list(user_dir.glob('run*')))}"
     proc = cli([*FAST, *args, f"out_dir={out}"], cwd=user_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads((out / "results.json").read_text())

@@ -36,7 +36,7 @@ def test_paper_smoke_runs_every_mixer_at_the_largest_sizes_and_draws_the_figures
         assert all(r["summary"]["steps"] == 1 and r["summary"]["step_time_s"] > 0 for r in runs)
     estimate = json.loads((root / "cost_estimate.json").read_text())["experiments"]
     assert {k: v["jobs"] for k, v in estimate.items()} == {"capacity": 17 * 7 * 3 * 5, "induction": 11 * 3 * 5,
-                                                           "mqar": 11 * 4 * 3 * 3 * 4 * 3, "sharpness": 11 * 3 * 5}
+                                                           "mqar": 11 * 4 * 3 * 3 * 4 * 5, "sharpness": 11 * 3 * 5}
     assert all(v["total_seconds"] > 0 for v in estimate.values())
     # the GPU cost, named as an estimate, per figure: every experiment here trains, so each has one
     assert all(v["gpu_hours_estimate"] > 0 for v in estimate.values())
