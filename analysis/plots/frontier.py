@@ -24,6 +24,7 @@ from analysis import stats
 from analysis.plots.common import (LR, caption, draw_estimates, figure, label_styles, labelled, legend_outside,
                                    mixer_handles, new_figure, note, require, select_on_validation, setting_values,
                                    table)
+from harness.devices import format_bytes
 
 WIDTH, QK, LAYERS = "config.model.d_model", "config.model.qk_dim", "config.model.n_layers"
 MIXTURE = "config.task.mixture"
@@ -92,18 +93,15 @@ def _label(run: pd.Series) -> str:
 
 
 def _bytes(value: float, _pos=None) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:g} {unit}"
-        value /= 1024
-    return f"{value:g}"
+    return format_bytes(value)
 
 
 def _mixture(runs: pd.DataFrame) -> str:
     if MIXTURE not in runs.columns or runs[MIXTURE].dropna().empty:
         return ""
-    mix = runs[MIXTURE].dropna().iat[0]
-    return "trained on the mixture " + ", ".join(f"({int(t)}, {int(n)})" for t, n in mix) + " (seq_len, pairs)"
+    mix = runs[MIXTURE].dropna().iat[0]  # entries (seq_len, pairs[, weight])
+    return ("trained on the mixture " + ", ".join(f"({int(t)}, {int(n)}) x{e[0] if e else 1}" for t, n, *e in mix)
+            + " ((seq_len, pairs) x weight)")
 
 
 def _draw(ax, summary: pd.DataFrame, colors: dict, markers: dict, title: str) -> None:
