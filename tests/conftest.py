@@ -47,3 +47,21 @@ def run_harness(tmp_path):
                               capture_output=True, text=True, timeout=timeout, env=env)
 
     return run
+
+
+def cut_at_first_evaluation(monkeypatch, overrides: list[str]):
+    """Run `overrides` until its first evaluation, where a KeyboardInterrupt stops it (the
+    checkpoints written before it are kept); returns the run's composed config."""
+    from harness.config.compose import compose_config
+    from harness.run.job import run_job
+    from harness.train import loop as train_module
+
+    def die(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "evaluate", die)
+    cfg = compose_config(overrides)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(cfg)
+    monkeypatch.undo()
+    return cfg

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from conftest import cut_at_first_evaluation
 
 from harness.outputs.load import load_run
 from harness.config.compose import compose_config
@@ -48,16 +49,8 @@ def lines(text: str) -> list[str]:
 @pytest.fixture
 def cut_run(tmp_path, monkeypatch):
     """A run stopped at step 50 (its first evaluation) with the checkpoints of steps 40 and 20."""
-    from harness.train import loop as train_module
-
-    def die(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(train_module, "evaluate", die)
     out = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        run_job(compose_config([*RUN, f"out_dir={out}"]))
-    monkeypatch.undo()
+    cut_at_first_evaluation(monkeypatch, [*RUN, f"out_dir={out}"])
     assert [step for step, _, _ in checkpoint_files(out)] == [40, 20]
     return out
 

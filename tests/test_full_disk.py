@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 import torch
+from conftest import cut_at_first_evaluation
 
 from harness.config.compose import compose_config
 from harness.outputs import checkpoint
@@ -137,18 +138,9 @@ def test_a_directory_at_a_temporary_name_is_written_around_and_kept(tmp_path, na
 @pytest.fixture
 def cut_run(tmp_path, monkeypatch):
     """A run stopped at its first evaluation (step 10), with the checkpoints of steps 8 and 4."""
-    from harness.train import loop as train_module
-
-    def die(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(train_module, "evaluate", die)
     out = tmp_path / "run"
-    cfg = compose_config([*RUN, f"out_dir={out}", "trainer.max_steps=12", "trainer.ckpt_every=4",
-                          "trainer.eval_every=10"])
-    with pytest.raises(KeyboardInterrupt):
-        run_job(cfg)
-    monkeypatch.undo()
+    cfg = cut_at_first_evaluation(monkeypatch, [*RUN, f"out_dir={out}", "trainer.max_steps=12",
+                                                "trainer.ckpt_every=4", "trainer.eval_every=10"])
     assert [step for step, _, _ in checkpoint_files(out)] == [8, 4]
     return out, cfg
 

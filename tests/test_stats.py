@@ -56,6 +56,16 @@ def test_tied_seeds_take_the_named_fallback():
     assert plain.method == stats.METHOD and plain.low < plain.mean < plain.high
 
 
+def test_an_accuracy_interval_stays_within_what_a_fraction_can_be():
+    """Three seeds that did not learn and two that did (gated_deltanet at N = 24 in the quick
+    capacity sweep): the studentized bounds ran to [-0.04, 45.9]; cut to [0, 1], still wide."""
+    est = stats.estimate([0.004, 0.004, 0.456, 0.433, 0.004], [768] * 5)
+    assert 0.0 <= est.low < 0.05 and 0.5 < est.high <= 1.0 and est.method == stats.METHOD
+    assert "within [0, 1]" in est.method
+    entropy = stats.estimate([0.1, 0.1, 3.0, 2.9, 0.1])  # no query count: not a fraction, not cut
+    assert entropy.high > 1.0
+
+
 def test_summarize_batches_points_as_estimate_does_one():
     """The same interval up to resampling noise (a batch draws its resamples in another order)."""
     rng = np.random.default_rng(0)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_results
+from test_extending import MIXERS as EXTENDING_MIXERS
 from omegaconf import OmegaConf
 
 import harness
@@ -176,24 +177,11 @@ def test_weights_with_missing_and_extra_entries_are_refused_by_key(tmp_path):
 
 # ----- outside code only when trusted ------------------------------------------------------------
 
-MIXER = '''
+# test_extending's mixers, with a marker any imported code could write
+MIXER = """
 from pathlib import Path
-
-import torch
-from torch import nn
-
 Path(__file__).with_name("imported").write_text("yes")  # what any code could do on import
-
-
-class RunningMean(nn.Module):
-    def __init__(self, d_model):
-        super().__init__()
-        self.proj = nn.Linear(d_model, d_model)
-
-    def forward(self, x):  # (B, T, C)
-        steps = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)[:, None]
-        return self.proj(x).cumsum(1) / steps
-'''
+""" + EXTENDING_MIXERS
 
 
 @pytest.fixture
