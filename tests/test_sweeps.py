@@ -159,3 +159,21 @@ def test_wandb_sweep_specs_sit_outside_the_hydra_config_dir():
     files = wandb_sweeps.sweep_files()
     assert files and all(conf not in f.parents for f in files)
     assert not (conf / "wandb").exists()
+
+
+@pytest.mark.parametrize("profile", ["quick", "paper"])
+def test_trained_experiments_stop_on_a_plateau_never_at_a_threshold(profile):
+    """A run stopped at trainer.target_accuracy reports the threshold; every trained experiment
+    stops on its validation plateau (trainer.patience) or at max_steps instead."""
+    from analysis import smoke
+    from analysis.pipeline import compose_experiment
+
+    trained = 0
+    for name in smoke.experiments(profile):
+        cfg = compose_experiment(profile, name)
+        if cfg.mode != "train":
+            continue
+        trained += 1
+        assert cfg.trainer.target_accuracy is None, f"{profile}/{name}: trainer.target_accuracy set"
+        assert cfg.trainer.patience is not None, f"{profile}/{name}: no plateau rule"
+    assert trained >= 8
