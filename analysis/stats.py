@@ -151,9 +151,12 @@ def studentized_interval(values, counts=None, *, confidence: float = CONFIDENCE,
 
 
 def interval(values, counts=None, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
-             seed: int = RESAMPLE_SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             seed: int = RESAMPLE_SEED, bounds: tuple[float, float] | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(low, high, method) per leading index of ``values`` (seeds on the last axis): METHOD, or
-    FALLBACK where ties leave the studentized interval unbounded (module doc)."""
+    FALLBACK where ties leave the studentized interval unbounded (module doc). ``bounds``: the
+    range the quantity can take (an entropy over its maximum, a rank correlation), where the
+    interval is cut and the method says so; a fraction of queries (``counts``) is cut to [0, 1]."""
     values = np.asarray(values, dtype=float)
     low, high = (np.atleast_1d(v).astype(float) for v in studentized_interval(
         values, counts, confidence=confidence, n_resamples=n_resamples, seed=seed))
@@ -173,6 +176,9 @@ def interval(values, counts=None, *, confidence: float = CONFIDENCE, n_resamples
         # gives resamples without it a tiny SE and the studentized bounds run past what a
         # fraction can be; the true mean lies in [0, 1], so cutting there loses no coverage
         low, high = np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
+    elif bounds is not None:
+        low, high = np.clip(low, *bounds), np.clip(high, *bounds)
+        method = np.array([f"{m}, within [{bounds[0]:g}, {bounds[1]:g}]" for m in method], dtype=object)
     return low, high, method
 
 
@@ -223,7 +229,8 @@ def per_seed(rows: pd.DataFrame, by: list[str], value: str, *, count: str | None
 
 
 def summarize(rows: pd.DataFrame, by: list[str], value: str, *, count: str | None = None,
-              seed: str = SEED, confidence: float = CONFIDENCE) -> pd.DataFrame:
+              seed: str = SEED, confidence: float = CONFIDENCE,
+              bounds: tuple[float, float] | None = None) -> pd.DataFrame:
     """Per point of ``by``: n, mean, interval_method, low, high, then seed_<id> per seed.
 
     Points with the same n are bootstrapped together in one scipy.stats.bootstrap call."""
@@ -253,7 +260,7 @@ def summarize(rows: pd.DataFrame, by: list[str], value: str, *, count: str | Non
         idx = np.nonzero(n == size)[0]
         batch = np.stack([values[i][present[i]] for i in idx])
         counts = np.stack([weights.to_numpy(float)[i][present[i]] for i in idx]) if use_count else None
-        low, high, method = interval(batch, counts, confidence=confidence)
+        low, high, method = interval(batch, counts, confidence=confidence, bounds=bounds)
         frame.loc[idx, "low"], frame.loc[idx, "high"], frame.loc[idx, "interval_method"] = low, high, method
     seeds = pd.DataFrame(values, columns=[seed_column(c) for c in wide.columns])
     seeds = seeds[sorted(seeds.columns, key=_seed_order)]

@@ -64,6 +64,9 @@ def test_an_accuracy_interval_stays_within_what_a_fraction_can_be():
     assert "within [0, 1]" in est.method
     entropy = stats.estimate([0.1, 0.1, 3.0, 2.9, 0.1])  # no query count: not a fraction, not cut
     assert entropy.high > 1.0
+    rows = pd.DataFrame({"label": "m", stats.SEED: range(5), "w": [0.05, 0.05, 0.9, 0.85, 0.05]})
+    cut = stats.summarize(rows, ["label"], "w", bounds=(0.0, 1.0)).iloc[0]
+    assert 0.0 <= cut["low"] and cut["high"] <= 1.0 and cut["interval_method"].endswith("within [0, 1]")
 
 
 def test_summarize_batches_points_as_estimate_does_one():

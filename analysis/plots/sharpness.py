@@ -24,6 +24,8 @@ ENTROPY = (("norm_entropy", "entropy H / log(prefix)  (1 = uniform)"),
            ("entropy", "attention entropy H (nats)"))
 TARGET = (("target_weight", "weight on answer span (fraction)"),)
 MONOTONE = (("monotonicity", "monotonicity: Spearman of a_ij on q.k (rank corr.)"),)
+# the range each measure can take: an interval is cut there (analysis.stats.interval)
+BOUNDS = {"norm_entropy": (0.0, 1.0), "target_weight": (0.0, 1.0), "monotonicity": (-1.0, 1.0)}
 SLICE_LABELS = {"num_pairs": "N (stored pairs)", "distance": "key-query distance (tokens)"}
 
 
@@ -72,7 +74,7 @@ def sharpness_figure(data) -> Figure:
 
     summaries = []
     for ax, (column, label) in zip(axes, metrics):
-        summary = stats.summarize(focus, ["label"], column)
+        summary = stats.summarize(focus, ["label"], column, bounds=BOUNDS.get(column))
         summaries.append(summary.assign(metric=column))
         draw_bars(ax, summary, order, colors)
         ax.set(xlabel="mixer", ylabel=label)
@@ -94,7 +96,7 @@ def sharpness_figure(data) -> Figure:
         ax = axes[len(metrics)]
         slice_name = focus["slice"].mode().iat[0] if "slice" in focus.columns else None
         part = focus[focus["slice"] == slice_name] if slice_name else focus
-        summary = stats.summarize(part, ["label", "value"], "target_weight")
+        summary = stats.summarize(part, ["label", "value"], "target_weight", bounds=BOUNDS["target_weight"])
         draw_estimates(ax, summary, "value", colors, markers, log_x=True)
         log2_axis(ax, part["value"])
         ax.set(ylim=(0, 1.05), xlabel=SLICE_LABELS.get(slice_name, str(slice_name)),
