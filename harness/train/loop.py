@@ -99,16 +99,20 @@ def autocast_factory(device: torch.device, precision: str):
     return ctx
 
 
-def _measure(model, eval_sets: list[EvalSet], examples: int) -> dict[str, Any]:
-    """Sharpness and SNR on the first `examples` examples of every evaluation set (the summary
-    from the first); `measure_examples` in the summary is the count actually used. Then the
-    crosstalk law from the model's own statistics (harness.measure.trained_theory) on the same
-    examples, added to each heads row and, for the summary's retrieval head, to the summary."""
+def _measure(model, eval_sets: list[EvalSet], examples: int, train_len: int) -> dict[str, Any]:
+    """Sharpness and SNR on the first `examples` examples of every evaluation set no longer than
+    the training length (the summary from the first); `measure_examples` in the summary is the
+    count actually used. Then the crosstalk law from the model's own statistics
+    (harness.measure.trained_theory) on the same examples, added to each heads row and, for the
+    summary's retrieval head, to the summary. Longer sets are evaluated, not measured: the
+    effective weights cost O(T^2) per read (a delta-rule run's 16,384-token sets took 440 s of
+    its 493), and what carries to those lengths is the out-of-sample law (_measure_into)."""
     from harness.measure.trained import measure_model
     from harness.measure.trained_theory import measure_trained_theory, merge_rows
 
     heads, summary, status = [], {}, {}
-    for i, es in enumerate(eval_sets):
+    measured_sets = [es for es in eval_sets if es.seq_len <= train_len] or eval_sets[:1]
+    for i, es in enumerate(measured_sets):
         out = measure_model(model, es.batch, max_examples=examples)
         found_summary = out["summary"]
         retrieval = (found_summary.get("retrieval_layer"), found_summary.get("retrieval_head"))
@@ -482,7 +486,7 @@ def _measure_into(r: Run, summary: dict[str, Any]) -> None:
 
     plan, tr = r.plan, r.plan.cfg.trainer
     measure_t0 = time.perf_counter()
-    measured = _measure(r.model, r.eval_sets, tr.measure_examples)
+    measured = _measure(r.model, r.eval_sets, tr.measure_examples, plan.train_len)
     summary.update(add_out_of_sample(r.results, r.model, plan.module, plan.tcfg, r.eval_sets,
                                      examples=tr.eval_examples, max_examples=tr.measure_examples,
                                      seed=plan.cfg.seed))
