@@ -95,24 +95,22 @@ def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, pa
     return ran
 
 
+def _full_name(profile: str, name: str) -> str:
+    return name if profile == "quick" else f"{profile}/{name}"
+
+
 def compose_experiment(profile: str, name: str, overrides=()):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    """An experiment of a profile composed as its multirun sees it (harness.config.compose)."""
+    from harness.config.compose import compose_experiment as compose
 
-    from harness.config.compose import CONF_DIR
-    from harness.config.schema import register
-
-    register()
-    if not GlobalHydra.instance().is_initialized():
-        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
-    full = name if profile == "quick" else f"{profile}/{name}"
-    return compose(config_name="config", overrides=[f"+experiment={full}", *overrides], return_hydra_config=True)
+    return compose(_full_name(profile, name), overrides)
 
 
 def sweep_params(profile: str, name: str) -> dict[str, list[str]]:
     """The grid of an experiment: each swept key and its values, as the sweeper will read them."""
-    params = compose_experiment(profile, name).hydra.sweeper.params or {}
-    return {str(k): [v.strip() for v in str(v).split(",")] for k, v in params.items()}
+    from harness.config.compose import experiment_grid
+
+    return experiment_grid(_full_name(profile, name))
 
 
 def save_figure(fig, out_dir: Path, name: str) -> list[Path]:

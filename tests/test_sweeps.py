@@ -1,13 +1,17 @@
 """Sweeps: Hydra multirun through the basic, joblib and submitit_local launchers; reruns skip
-completed runs; a failing run keeps the others; wandb sweep files expand into valid configs."""
+completed runs; a failing run keeps the others; wandb sweep files are their paper experiments and
+expand into valid configs."""
 
+import math
 from pathlib import Path
 
 import pytest
 
 from analysis.loader import load_results
+from analysis.pipeline import compose_experiment
+from harness.config.compose import CONF_DIR, compose_config
+from harness.layers import registry
 from harness.run import wandb_sweeps
-from harness.config.compose import compose_config
 
 TINY = ["task=recall", "trainer=debug", "logger=none", "trainer.measure=false",
         "trainer.checkpoint=false"]
@@ -69,15 +73,40 @@ def test_one_failing_run_keeps_the_others(run_harness, tmp_path):
     assert by_status == {4: "ok", 40: "failed"}
 
 
+def covering(sweep: dict) -> list[dict]:
+    """The sweep cut to the runs in which every value of every swept key appears at least once
+    (the i-th run takes each key's (i mod count)-th value), for a grid too large to compose whole
+    (paper MQAR: 7,920 runs); the full expansion is what `expand` is checked on above."""
+    params = sweep["parameters"]
+    width = max(len(spec.get("values", [0])) for spec in params.values())
+    runs = []
+    for i in range(width):
+        runs.append({k: {"value": spec["values"][i % len(spec["values"])]} if "values" in spec else spec
+                     for k, spec in params.items()})
+    return runs
+
+
 @pytest.mark.parametrize("path", wandb_sweeps.sweep_files(), ids=lambda p: p.stem)
-def test_wandb_sweep_file_validates_and_every_command_composes(path):
+def test_wandb_sweep_file_is_its_paper_experiment_and_its_commands_compose(path):
     sweep = wandb_sweeps.load(path)
     assert wandb_sweeps.validate(sweep) == []
+    assert sweep == wandb_sweeps.from_experiment(path.stem), \
+        f"{path} drifted from its experiment: rewrite it with python -m harness.run.wandb_sweeps"
     commands = wandb_sweeps.expand(sweep)
-    assert commands
-    for overrides in commands:
+    grid = compose_experiment("paper", path.stem).hydra.sweeper.params
+    assert len(commands) == math.prod(len(str(v).split(",")) for v in grid.values())
+    assert all(f"+experiment=paper/{path.stem}" in c and "logger=wandb" in c for c in commands)
+    for run in covering(sweep):
+        overrides = wandb_sweeps.expand({"parameters": run})[0]
         cfg = compose_config(overrides)  # raises on any invalid key, value or combination
-        assert cfg.model.name in ("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba")
+        assert cfg.logger.name == "wandb" and cfg.logger.mode == "online"
+    models = {c.split("=", 1)[1] for run in commands for c in run if c.startswith("model=")}
+    assert set(registry.builtin_names()) <= models  # every built-in mixer, as in the experiment
+
+
+def test_every_paper_experiment_but_cost_is_a_wandb_sweep_file():
+    names = {p.stem for p in wandb_sweeps.sweep_files()}
+    assert names == set(wandb_sweeps.SWEPT) == {p.stem for p in (CONF_DIR / "experiment" / "paper").glob("*.yaml")} - {"cost"}
 
 
 def test_every_figure_has_a_wandb_sweep_file():
@@ -101,8 +130,6 @@ def _grid(params: dict) -> list[list[str]]:
 
 def test_experiment_files_compose():
     import yaml
-
-    from harness.config.compose import CONF_DIR
 
     root = CONF_DIR / "experiment"
     names = sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
@@ -166,7 +193,6 @@ def test_trained_experiments_stop_on_a_plateau_never_at_a_threshold(profile):
     """A run stopped at trainer.target_accuracy reports the threshold; every trained experiment
     stops on its validation plateau (trainer.patience) or at max_steps instead."""
     from analysis import smoke
-    from analysis.pipeline import compose_experiment
 
     trained = 0
     for name in smoke.experiments(profile):

@@ -136,3 +136,24 @@ def compose_config(overrides: list[str], validate: bool = True):
     if validate:
         validate_config(cfg)
     return cfg
+
+
+def compose_experiment(name: str, overrides=()):
+    """The experiment file `name` ("mqar", "paper/mqar") composed with Hydra's own config
+    (return_hydra_config): what a multirun of it would see, its sweeper's grid included."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.config.schema import register
+
+    register()
+    if not GlobalHydra.instance().is_initialized():
+        initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
+    return compose(config_name="config", overrides=[f"+experiment={name}", *overrides], return_hydra_config=True)
+
+
+def experiment_grid(name: str) -> dict[str, list[str]]:
+    """The grid of the experiment file `name`: each swept key and its values, as the sweeper reads them."""
+    params = compose_experiment(name).hydra.sweeper.params or {}
+    return {str(k): [v.strip() for v in str(v).split(",")] for k, v in params.items()}
+
