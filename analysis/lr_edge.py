@@ -4,7 +4,10 @@ sweep runs the next rate out for that mixer.
 After an experiment's sweep, each point (a run's sweep overrides but the learning rate and the
 seed) takes the rate with the best mean validation accuracy over its seeds. A point whose best
 rate is the grid's lowest (highest) gets the next rate below (above) it, one grid step out
-(the ratio of the grid's two outermost rates on that side), for its mixer: one second-stage
+(the ratio of the grid's two outermost rates on that side), for its mixer, unless the edge rate
+beats its inner neighbour by no more than TIE: a point whose accuracy is flat across rates (every
+rate at 1.0 on induction) has no optimum to bracket, and a two-rate grid would otherwise send every
+mixer out on both sides (the quick induction sweep: 11 extra runs, a third of its time). One second-stage
 sweep per new rate, ``model=<the edge mixers> trainer.lr=<new rate>``, written under
 ``<sweep>/lr_extended/lr_<rate>/``. The loader marks those runs ``lr_extended`` (their folder),
 so every figure's learning-rate table says which rates the sweep added.
@@ -20,6 +23,9 @@ import yaml
 
 EXTENDED_DIR = "lr_extended"
 LR_KEY = "trainer.lr"
+# A best rate this little above its inner neighbour (mean validation accuracy) is a tie, not an
+# edge to extend: the plateau rule's min_delta, several times the binomial noise of 1,024 queries.
+TIE = 0.01
 
 
 def grid_rates(params: dict[str, list[str]]) -> list[float]:
@@ -86,9 +92,10 @@ def extensions(rows: list[dict], rates: list[float]) -> dict[float, list[str]]:
         model = dict(point).get("model")
         if model is None:
             continue
-        if math.isclose(best, rates[0]):
+        tried = sorted(means)
+        if math.isclose(best, rates[0]) and means[best] > means[tried[1]] + TIE:
             out[low].add(model)
-        elif math.isclose(best, rates[-1]):
+        elif math.isclose(best, rates[-1]) and means[best] > means[tried[-2]] + TIE:
             out[high].add(model)
     return {lr: sorted(models) for lr, models in sorted(out.items())}
 

@@ -130,7 +130,10 @@ def doc_command() -> list[str]:
 
 def test_the_documented_example_runs_through_the_cli(tmp_path):
     out = tmp_path / "run"
-    proc = cli([*doc_command(), "logger=none", f"out_dir={out}"], cwd=ROOT, timeout=3600)  # a hang guard
+    # one thread: under pytest -n 2 another worker holds the second core (two threads here would
+    # oversubscribe both and double this test's time)
+    proc = cli([*doc_command(), "logger=none", "trainer.threads=1", f"out_dir={out}"], cwd=ROOT,
+               timeout=3600)  # a hang guard
     assert proc.returncode == 0, proc.stderr
     res = results(out)
     assert res["status"] == "ok" and res["model"] == "examples.dpfp.DPFPAttention"

@@ -41,6 +41,15 @@ def test_edges_get_the_next_rate_out(tmp_path):
     assert todo[1e-3 / 3] == ["elu"] and todo[1e-2 * 1e-2 / 3e-3] == ["mamba"]
 
 
+def test_a_tie_at_the_edge_is_not_extended():
+    """Accuracy flat across rates (within lr_edge.TIE) brackets nothing: no second stage."""
+    rows = [{"overrides": {"model": "elu"}, "lr": lr, "score": score}
+            for lr, score in ((3e-3, 0.998), (1e-2, 0.999))]
+    assert lr_edge.extensions(rows, [3e-3, 1e-2]) == {}
+    rows[1]["score"] = 0.998 + 2 * lr_edge.TIE
+    assert lr_edge.extensions(rows, [3e-3, 1e-2]) == {1e-2 * (1e-2 / 3e-3): ["elu"]}
+
+
 def test_one_rate_has_no_edge_to_extend():
     assert lr_edge.grid_rates({"trainer.lr": ["3e-3"]}) == []
 

@@ -151,7 +151,7 @@ def test_evaluation_streamed_in_passes_is_one_pass_and_runs_the_chunk_form():
     assert whole["slices"] == streamed["slices"]
 
 
-# A learning rate too small to move the loss by 0.1 %: every evaluation after the first is a
+# A learning rate too small to move the loss by 0.01 nats: every evaluation after the first is a
 # plateau. Evaluations at steps 2, 4, 6, ...
 PLATEAU = ["trainer.lr=1e-9", "trainer.max_steps=30", "trainer.eval_every=2", "trainer.ckpt_every=4",
            "trainer.target_accuracy=null", "trainer.measure=false", "trainer.min_delta=1.0"]
@@ -165,6 +165,34 @@ def test_plateau_stops_early_with_its_reason(tmp_path):
     assert s["best_val_step"] is not None and 0 <= s["best_val_accuracy"] <= 1
     s = run(tmp_path / "late", *PLATEAU, "trainer.patience=3", "trainer.min_steps=13")["summary"]
     assert s["stop_reason"] == "plateau" and s["steps"] == 14  # the first evaluation from step 13 on
+
+
+def plateau_step(history, patience=2, min_steps=600, min_delta=0.01):
+    """The step the plateau rule stops a run at, given its (step, val accuracy, val loss)."""
+    from harness.train.loop import LoopState, stop_reason
+
+    loop = LoopState()
+    for step, accuracy, loss in history:
+        loop.record_eval(step, accuracy, loss, min_delta)
+        if stop_reason(loop, {"min_accuracy": accuracy}, step, None, patience, min_steps):
+            return step
+    return None
+
+
+def test_plateau_stops_a_converged_run_and_keeps_one_leaving_chance():
+    """Two quick capacity runs' validation histories (softmax at N = 8: converged by step 300,
+    its loss still halving near zero; linear attention at N = 24: at chance, its loss falling
+    about 0.08 nats an evaluation): the first stops two evaluations past min_steps, the second
+    is never stopped while its loss falls."""
+    converged = [(100, 0.005, 5.589), (200, 0.031, 5.074), (300, 1.0, 0.192), (400, 1.0, 0.019),
+                 (500, 1.0, 0.007), (600, 1.0, 0.002), (700, 1.0, 0.002), (800, 1.0, 0.001),
+                 (900, 1.0, 0.001), (1000, 1.0, 0.003)]
+    leaving = [(100, 0.005, 5.581), (200, 0.004, 5.563), (300, 0.006, 5.563), (400, 0.01, 5.486),
+               (500, 0.02, 5.362), (600, 0.037, 5.269), (700, 0.051, 5.183), (800, 0.054, 5.135),
+               (900, 0.053, 5.125), (1000, 0.06, 5.092)]
+    assert plateau_step(converged) == 700  # 600 and 700 improve by under 0.01 nats: two in a row
+    assert plateau_step(leaving) is None
+    assert plateau_step(converged, min_steps=800) == 800
 
 
 def test_patience_null_never_stops_early(tmp_path):

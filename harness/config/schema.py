@@ -31,7 +31,7 @@ class TrainerConfig:
     eval_tokens: int = 16384           # tokens per evaluation forward pass (examples per pass = this // length)
     target_accuracy: Optional[float] = 0.99   # early stop once every setting reaches it
     # plateau stop: after `patience` validation evaluations in a row without improvement (None: never).
-    # An evaluation improves when val accuracy > best + min_delta, or val loss < best loss * (1 - 1e-3):
+    # An evaluation improves when val accuracy > best + min_delta, or val loss < best loss - 0.01 nats:
     # the loss clause keeps a run going through the first plateau, where every mixer sits near
     # zero accuracy for hundreds of steps before it escapes.
     patience: Optional[int] = None
