@@ -7,7 +7,7 @@ rate is the grid's lowest (highest) gets the next rate below (above) it, one gri
 (the ratio of the grid's two outermost rates on that side), for its mixer, unless the edge rate
 beats its inner neighbour by no more than TIE: a point whose accuracy is flat across rates (every
 rate at 1.0 on induction) has no optimum to bracket, and a two-rate grid would otherwise send every
-mixer out on both sides (the quick induction sweep: 11 extra runs, a third of its time). One second-stage
+mixer out on one side or the other. One second-stage
 sweep per new rate, ``model=<the edge mixers> trainer.lr=<new rate>``, written under
 ``<sweep>/lr_extended/lr_<rate>/``. The loader marks those runs ``lr_extended`` (their folder),
 so every figure's learning-rate table says which rates the sweep added.
