@@ -34,3 +34,18 @@ def test_the_jacobian_estimate_finds_the_exact_retrieval_head(name):
     # per layer too, not only the best one
     for layer, weight in by(exact).items():
         assert abs(by(est)[layer] - weight) < TOLERANCE
+
+
+def test_the_jacobian_estimate_on_a_batch_larger_than_it_reads_reports_the_examples_it_read():
+    # a measurement batch of the trainer's size (measure_examples 64) meets an estimate built on
+    # its first JACOBIAN_EXAMPLES examples: rows of the two must line up, not raise
+    from harness.measure.jacobian import JACOBIAN_EXAMPLES
+    torch.manual_seed(0)
+    task = recall.Config()
+    model = LanguageModel(ModelConfig(name="elu", d_model=32, n_heads=1, n_layers=1), task.vocab_size,
+                          recall.max_seq_len(task))
+    batch = recall.make_batch(task, 2 * JACOBIAN_EXAMPLES, seed=0, split="test")
+    est = measure_model(model, batch, weights="jacobian")["summary"]
+    exact = measure_model(model, batch, max_examples=JACOBIAN_EXAMPLES)["summary"]
+    assert est["measure_examples"] == 2 * JACOBIAN_EXAMPLES and est["jacobian_examples"] == JACOBIAN_EXAMPLES
+    assert abs(est["target_weight"] - exact["target_weight"]) < TOLERANCE

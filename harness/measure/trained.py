@@ -429,23 +429,29 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
 
     row_values = slice_value[query]  # (R,) the slice value of every query row, in row order
     values = sorted(int(x) for x in torch.unique(row_values).tolist())
+    # an estimated layer has rows for its first JACOBIAN_EXAMPLES examples only
+    first = min(int(B), JACOBIAN_EXAMPLES)
+    estimated_rows = slice_value[:first][query[:first]]
     heads, best = [], None
     for layer, found in enumerate(rows):
         if setup[layer] is None or not found:
             continue
         with_snr, d_key = setup[layer]
+        layer_rows = estimated_rows if estimated[layer] else row_values
         stats = {name: torch.cat(parts, dim=1) for name, parts in found.items()}  # (H, R)
         for h in range(stats["entropy"].shape[0]):
             for value in values:
-                agg = _aggregate(stats, h, row_values == value, d_key, with_snr)
+                if not (layer_rows == value).any():
+                    continue  # a slice value only among examples the estimate did not reach
+                agg = _aggregate(stats, h, layer_rows == value, d_key, with_snr)
                 heads.append({"layer": layer, "head": h, "slice": slice_name, "value": value, "seq_len": T, **agg})
-            pooled = _aggregate(stats, h, torch.ones_like(row_values, dtype=torch.bool), d_key, with_snr)
+            pooled = _aggregate(stats, h, torch.ones_like(layer_rows, dtype=torch.bool), d_key, with_snr)
             if best is None or pooled["target_weight"] > best["target_weight"]:
                 best = {**pooled, "retrieval_layer": layer, "retrieval_head": h}
     keys = ("target_weight", "entropy", "norm_entropy", "snr_measured", "snr_predicted")
     summary = {"measure_examples": int(B)}
     if any(estimated):
-        summary.update(weights=JACOBIAN_LABEL, jacobian_examples=min(int(B), JACOBIAN_EXAMPLES))
+        summary.update(weights=JACOBIAN_LABEL, jacobian_examples=first)
     if best is not None:
         summary.update({k: best[k] for k in (*keys, "retrieval_layer", "retrieval_head", "log_decay") if k in best})
     elif status.get("sharpness") == "ok":
