@@ -525,3 +525,14 @@ def test_a_point_no_validation_batch_covers_is_chosen_on_test_and_says_so():
     assert dict(zip(picked["value"], picked[LR])) == {16: 1e-2, 192: 1e-2}  # val at 16; test at 192
     flagged = table.set_index("value")["selected_on"]
     assert set(flagged.loc[16]) == {"validation"} and set(flagged.loc[192]) == {"test (no validation split)"}
+
+
+def test_a_learning_rate_table_cuts_its_accuracy_intervals_to_zero_one():
+    # five seeds near 1.0 with one outlier: an uncut studentized interval runs past 1
+    from analysis.plots.common import select_on_validation
+    rows = pd.DataFrame({"label": ["softmax"] * 5, "config.trainer.lr": [3e-3] * 5, "seed": range(5),
+                         "summary.accuracy": [1.0, 1.0, 0.99, 1.0, 0.6], "summary.val_accuracy": [1.0] * 5})
+    _, table = select_on_validation(rows, ["label"], test="summary.accuracy", val="summary.val_accuracy")
+    row = table.iloc[0]
+    assert row["n"] == 5 and 0.0 <= row["low"] <= row["mean"] <= row["high"] <= 1.0
+    assert row["interval_method"].endswith("within [0, 1]")

@@ -174,7 +174,8 @@ def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "a
         table = table.merge(extended.rename(LR_EXTENDED).reset_index(), on=keys, how="left")
     else:
         table[LR_EXTENDED] = False
-    seeds = stats.summarize(rows, keys, test, count=count)
+    # the test score is an accuracy: its interval is cut to what one can be
+    seeds = stats.summarize(rows, keys, test, count=count, bounds=(0.0, 1.0))
     table = table.merge(seeds, on=keys, how="left")
     picked = rows.merge(best, on=keys, how="inner")
     return picked.reset_index(drop=True), table
