@@ -532,3 +532,19 @@ def test_logits_at_chosen_positions_are_those_of_the_full_head(name):
     model(x, positions)
     handle.remove()
     assert seen == [torch.Size([3, 3, 16])]
+
+
+@pytest.mark.parametrize("name", ["mamba", "gated_deltanet"])
+def test_a_scalar_decay_starts_with_a_memory_on_unit_inputs(name):
+    """Every scalar decay starts from Mamba-2's initialisation, dt projection included: with the
+    model's Xavier init on W_dt, x W_dt spread so wide on unit-variance inputs that dt * A
+    reached -40 and a head forgot everything at some tokens (gated_deltanet sat at chance on
+    the needle task and at N = 24 of capacity, three seeds of five, until it shared mamba's)."""
+    from harness.layers.mamba import scalar_log_decay
+    torch.manual_seed(0)
+    cfg = ModelConfig(name=name, d_model=64, n_heads=4, n_layers=2)
+    model = LanguageModel(cfg, VOCAB, MAX_T)
+    for mixer in model.mixers():
+        assert mixer.dt_proj.weight.abs().max() <= 64**-0.5  # torch's default Linear init
+        log_a, _ = scalar_log_decay(mixer.dt_proj(torch.randn(8, 32, 64)), mixer.dt_bias, mixer.A_log)
+        assert log_a.exp().min() > 1e-3  # no head wiped at a token (it reached e^-40)

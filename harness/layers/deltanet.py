@@ -170,7 +170,7 @@ class GatedDeltaNet(DeltaNet):
     def reset_decay_parameters(self) -> None:
         """Mamba-2's initialisation of the decay, and DeltaNet's write strength and gate."""
         super().reset_decay_parameters()
-        init_scalar_decay(self.dt_bias, self.A_log)
+        init_scalar_decay(self.dt_proj, self.dt_bias, self.A_log)
 
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         log_decay, _ = scalar_log_decay(self.dt_proj(x), self.dt_bias, self.A_log)  # (B, H, T); v is not dt-scaled

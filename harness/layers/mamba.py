@@ -64,10 +64,13 @@ def stratified_log_uniform(n: int, lo: float, hi: float) -> torch.Tensor:
 # Mamba-2's scalar decay per head, shared with the gated delta rule (harness.layers.deltanet).
 
 @torch.no_grad()
-def init_scalar_decay(dt_bias: torch.Tensor, A_log: torch.Tensor) -> None:
-    """Mamba-2's initialisation, in place: softplus(dt_bias) log-uniform in [DT_MIN, DT_MAX]
-    (spread by strata, so that a few heads still cover the range), exp(A_log) uniform in
-    [A_MIN, A_MAX], one value per head."""
+def init_scalar_decay(dt_proj: nn.Linear, dt_bias: torch.Tensor, A_log: torch.Tensor) -> None:
+    """Mamba-2's initialisation, in place: the dt projection at torch's default init (as Mamba-2's
+    in_proj; the model's Xavier init spreads x W_dt so wide that dt * A reaches -40 and a head
+    forgets everything at a token), softplus(dt_bias) log-uniform in [DT_MIN, DT_MAX] (spread by
+    strata, so that a few heads still cover the range), exp(A_log) uniform in [A_MIN, A_MAX],
+    one value per head."""
+    dt_proj.reset_parameters()
     H = dt_bias.numel()
     dt_bias.copy_(inverse_softplus(stratified_log_uniform(H, DT_MIN, DT_MAX)))
     A_log.copy_(torch.log(torch.empty(H).uniform_(A_MIN, A_MAX)))
@@ -141,8 +144,7 @@ class GatedDecay(Mixer):
         (harness.layers.parts.open_gate_); the model calls this again after its generic init."""
         open_gate_(self.gate_proj)
         if self.gate == "scalar":
-            self.dt_proj.reset_parameters()  # torch's default init, as Mamba-2's in_proj
-            init_scalar_decay(self.dt_bias, self.A_log)
+            init_scalar_decay(self.dt_proj, self.dt_bias, self.A_log)
         else:
             # logsigmoid(b)/16 with b ~ U(1, 5): per-step decay between 0.98 and 0.9996
             self.decay_bias.uniform_(1.0, 5.0)
