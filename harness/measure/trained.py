@@ -428,7 +428,6 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
         model.train(was_training)
 
     row_values = slice_value[query]  # (R,) the slice value of every query row, in row order
-    values = sorted(int(x) for x in torch.unique(row_values).tolist())
     # an estimated layer has rows for its first JACOBIAN_EXAMPLES examples only
     first = min(int(B), JACOBIAN_EXAMPLES)
     estimated_rows = slice_value[:first][query[:first]]
@@ -438,11 +437,10 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
             continue
         with_snr, d_key = setup[layer]
         layer_rows = estimated_rows if estimated[layer] else row_values
+        values = sorted(int(x) for x in torch.unique(layer_rows).tolist())
         stats = {name: torch.cat(parts, dim=1) for name, parts in found.items()}  # (H, R)
         for h in range(stats["entropy"].shape[0]):
             for value in values:
-                if not (layer_rows == value).any():
-                    continue  # a slice value only among examples the estimate did not reach
                 agg = _aggregate(stats, h, layer_rows == value, d_key, with_snr)
                 heads.append({"layer": layer, "head": h, "slice": slice_name, "value": value, "seq_len": T, **agg})
             pooled = _aggregate(stats, h, torch.ones_like(layer_rows, dtype=torch.bool), d_key, with_snr)
