@@ -1,0 +1,210 @@
+"""No document orders mixers on fewer than five seeds.
+
+A sentence of README.md, docs/findings.md or docs/reproductions.md that ranks mixers (an ordering
+word beside two mixer names, or four or more mixers listed with their numbers in sorted order)
+must carry a marker naming the experiment it ranks from, `<!-- ranks: capacity -->`, and that
+experiment's sweep must run at least five seeds (its `seed:` sweeper parameter in
+harness/conf/experiment/<name>.yaml; none means the one default seed). A one-seed experiment
+illustrates: its text gives each mixer's numbers and names no order. In reproductions tables the
+`claim` and `anchor` columns state what a paper found and are not read."""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from harness.layers import builtin_names
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ("README.md", "docs/findings.md", "docs/reproductions.md")
+EXPERIMENTS = ROOT / "harness" / "conf" / "experiment"
+MODELS = ROOT / "harness" / "conf" / "model"
+MIN_SEEDS = 5  # the spec's floor for ranking mixers (and for an interval)
+SORTED_RUN = 4  # this many mixers in a row with sorted numbers read as a ranking
+
+MARKER = re.compile(r"<!--\s*ranks:\s*([\w/.-]+)\s*-->")
+COMMENT = re.compile(r"<!--.*?-->", re.S)
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
+LINK_TARGET = re.compile(r"\]\([^)]*\)")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
+ORDER = re.compile(
+    r"\b(?:beats?|beaten|ahead of|outperform\w*|best|worst|better|worse|higher|lower|highest|"
+    r"lowest|above|below|than|ranks?|ranked|ranking|order(?:s|ed|ing)?|sharpest|weakest|strongest|"
+    r"exceeds?|overtakes?|trails?|surpass\w*)\b|(?<=\s)[<>](?=\s)",
+    re.I,
+)
+# Prose names of the built-in mixers, beside their config names (which are found on their own).
+ALIASES = {
+    "gated_deltanet": ("gated deltanet",),
+    "deltanet_additive": ("additive control", "its control"),
+    "deltanet": ("delta rule", "delta-rule"),
+    "swa": ("sliding window", "sliding-window", "the window"),
+    "linear": ("identity map", "linear attention"),
+    "elu": ("elu+1",),
+    "favor": ("favor+", "performer"),
+    "mamba": ("mamba-2",),
+}
+
+
+@lru_cache(maxsize=None)
+def mixer_pattern() -> tuple[re.Pattern, dict[str, str]]:
+    """One regex over every mixer name and alias (longest first, so 'gated_deltanet' is not read
+    as 'deltanet'); a name inside a dotted path or an identifier is not a mention."""
+    canonical = {name: name for name in builtin_names()} | {p.stem: p.stem for p in MODELS.glob("*.yaml")}
+    canonical |= {alias: name for name, aliases in ALIASES.items() for alias in aliases}
+    words = sorted(canonical, key=len, reverse=True)
+    body = "|".join(re.escape(w) for w in words)
+    return re.compile(rf"(?<![\w./])(?:{body})(?![\w/])(?!\.\w)", re.I), {k.lower(): v for k, v in canonical.items()}
+
+
+@lru_cache(maxsize=None)
+def seeds(experiment: str) -> int:
+    """How many seeds the experiment's sweep runs (its `seed:` sweeper parameter, default one)."""
+    path = EXPERIMENTS / f"{experiment}.yaml"
+    if not path.is_file():
+        raise AssertionError(f"a ranks marker names {experiment!r}, which is no file under {EXPERIMENTS}")
+    params = ((yaml.safe_load(path.read_text()).get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    if "seed" not in params:
+        return 1
+    override = OverridesParser.create().parse_override(f"seed={params['seed']}")
+    return len(list(override.sweep_iterator())) if override.is_sweep_override() else 1
+
+
+def units(text: str) -> list[str]:
+    """The sentences of a markdown document: paragraphs, list items and table rows split at
+    sentence ends; code blocks, headings and images left out; in a table, the cells under a
+    `claim` or `anchor` header (what a paper says) dropped."""
+    text = FENCE.sub("", text)
+    blocks: list[str] = []
+    header: list[str] = []
+    para: list[str] = []
+
+    def flush() -> None:
+        if para:
+            blocks.append(" ".join(para))
+            para.clear()
+
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("|"):
+            flush()
+            cells = [c.strip() for c in s.strip("|").split("|")]
+            if all(re.fullmatch(r":?-+:?", c) for c in cells if c):
+                continue
+            if not header or len(cells) != len(header):
+                header = [c.lower() for c in cells]
+                continue
+            blocks.append(" ".join(c for h, c in zip(header, cells) if not h.startswith(("claim", "anchor"))))
+            continue
+        header = []
+        if not s or s.startswith("#"):
+            flush()
+        elif re.match(r"([-*+]|\d+\.)\s", s):
+            flush()
+            para.append(s)
+        else:
+            para.append(s)
+    flush()
+    out = []
+    for block in blocks:
+        block = LINK_TARGET.sub("]", IMAGE.sub("", block))
+        out += [u for u in SENTENCE_END.split(block) if u.strip()]
+    return out
+
+
+def mixers_in(sentence: str) -> list[tuple[int, str]]:
+    pattern, canonical = mixer_pattern()
+    return [(m.start(), canonical[m.group(0).lower()]) for m in pattern.finditer(sentence)]
+
+
+def sorted_run(sentence: str, mentions: list[tuple[int, str]]) -> int:
+    """The longest run of mixers listed with numbers in sorted order (either way): each number
+    goes to the mixers named since the number before it ('softmax and mamba 0.986')."""
+    values: list[float] = []
+    pending = False
+    events = sorted([(pos, "m") for pos, _ in mentions]
+                    + [(m.start(), m.group(0)) for m in NUMBER.finditer(sentence)])
+    for _, what in events:
+        if what == "m":
+            pending = True
+        elif pending:
+            values.append(float(what.replace(",", "")))
+            pending = False
+    best = run_up = run_down = 1 if values else 0
+    for a, b in zip(values, values[1:]):
+        run_up, run_down = (run_up + 1 if b >= a else 1), (run_down + 1 if b <= a else 1)
+        best = max(best, run_up, run_down)
+    return best
+
+
+def ranking_problem(sentence: str) -> str | None:
+    """Why the sentence may not ship, or None: it ranks mixers without a marker of a five-seed
+    experiment, or it carries a marker of one with fewer seeds."""
+    marks = MARKER.findall(sentence)
+    for name in marks:
+        if seeds(name) < MIN_SEEDS:
+            return f"marked as ranking from {name!r}, which runs {seeds(name)} seed(s) (< {MIN_SEEDS})"
+    if marks:
+        return None
+    plain = COMMENT.sub("", sentence).replace("`", "")
+    mentions = mixers_in(plain)
+    distinct = {name for _, name in mentions}
+    if len(distinct) >= 2 and (hit := ORDER.search(plain)):
+        return f"orders mixers ({hit.group(0)!r} beside {', '.join(sorted(distinct))}) with no ranks marker"
+    if len(distinct) >= 2 and sorted_run(plain, mentions) >= SORTED_RUN:
+        return f"lists {SORTED_RUN}+ mixers in sorted order with no ranks marker"
+    return None
+
+
+def problems(text: str) -> list[str]:
+    return [f"{why}: {u.strip()[:160]}" for u in units(text) if (why := ranking_problem(u))]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_no_sentence_ranks_mixers_on_fewer_than_five_seeds(doc):
+    found = problems((ROOT / doc).read_text())
+    assert not found, f"{doc}: {len(found)} sentence(s) rank mixers without five seeds behind them:\n" + "\n".join(found)
+
+
+def test_every_marker_names_a_five_seed_experiment():
+    for doc in DOCS:
+        for name in MARKER.findall((ROOT / doc).read_text()):
+            assert seeds(name) >= MIN_SEEDS, f"{doc}: <!-- ranks: {name} --> but {name} runs {seeds(name)} seed(s)"
+
+
+@pytest.mark.parametrize("sentence", [
+    # orderings the README once drew from one-seed sweeps (MQAR, frontier, length, sharpness)
+    "At d_model 64: taylor 0.997, deltanet 0.990, gated_deltanet 0.989, softmax and mamba 0.986, dpfp 0.965.",
+    "the delta-rule layer separates from plain linear attention (0.82 against 0.67) but not from its control.",
+    "At 64 / 1,024 tokens: softmax 1.00 / 0.98, deltanet 1.00 / 0.99, taylor 0.99 / 0.77, elu 0.95 / 0.62.",
+    "Then the window (0.21), FAVOR+ (0.34), dpfp (0.37) and taylor (0.48).",
+    "on the capacity task it recalls more than elu and less than Taylor.",
+    "FAVOR+ is the weakest mixer and falls below elu.",
+    "<!-- ranks: mqar --> softmax beats elu at d_model 64.",
+])
+def test_a_ranking_without_five_seeds_is_caught(sentence):
+    assert ranking_problem(sentence) is not None
+
+
+@pytest.mark.parametrize("sentence", [
+    "<!-- ranks: capacity --> At N = 24 softmax 1.00 holds above taylor 0.92, dpfp 0.57 and elu 0.33.",
+    "| `gated_deltanet` | the delta rule behind Mamba-2's scalar decay | d·d |",
+    "softmax 0.986 at d_model 64 (one seed).",
+    "Each mixer's numbers at d_model 64: softmax 0.986, swa 0.833, linear 0.146, elu 0.936, favor 0.845.",
+    "the decay of `harness.layers.mamba.init_scalar_decay` sets deltanet's dt higher than before.",
+])
+def test_an_illustration_or_a_five_seed_ranking_passes(sentence):
+    assert ranking_problem(sentence) is None, ranking_problem(sentence)
+
+
+def test_seed_counts_are_read_from_the_sweeps():
+    assert seeds("capacity") >= MIN_SEEDS
+    assert seeds("mqar") == 1 and seeds("needle") == 1  # `seed: 0`, and no seed parameter at all
+    with pytest.raises(AssertionError, match="no file"):
+        seeds("no_such_experiment")
