@@ -35,8 +35,8 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
 ORDER = re.compile(
     r"\b(?:beats?|beaten|ahead of|outperform\w*|best|worst|better|worse|higher|lower|highest|"
-    r"lowest|above|below|than|ranks?|ranked|ranking|order(?:s|ed|ing)?|sharpest|weakest|strongest|"
-    r"exceeds?|overtakes?|trails?|surpass\w*)\b|(?<=\s)[<>](?=\s)",
+    r"lowest|above|below|than|ranks|ranked|ranking|order(?:s|ed|ing)?|sharpest|weakest|strongest|"
+    r"exceeds?|overtakes?|trails?|surpass\w*|separates? (?:\w+ )?from)\b|(?<=\s)[<>](?=\s)",
     re.I,
 )
 # Prose names of the built-in mixers, beside their config names (which are found on their own).
