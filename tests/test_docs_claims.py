@@ -4,9 +4,11 @@ A sentence of README.md, docs/findings.md or docs/reproductions.md that ranks mi
 word beside two mixer names, or five or more mixers listed with their numbers in sorted order)
 must carry a marker naming the experiment it ranks from, `<!-- ranks: capacity -->`, and that
 experiment's sweep must run at least five seeds (its `seed:` sweeper parameter in
-harness/conf/experiment/<name>.yaml; none means the one default seed). A one-seed experiment
-illustrates: its text gives each mixer's numbers and names no order. In reproductions tables the
-`claim` and `anchor` columns state what a paper found and are not read."""
+harness/conf/experiment/<name>.yaml; none means the one default seed). The same holds for a table
+with a row per mixer sorted by a column (the marker goes in its header row). A one-seed experiment
+illustrates: its text gives each mixer's numbers in a fixed order and names no order among them.
+In reproductions tables the `claim` and `anchor` columns state what a paper found and are not
+read."""
 from __future__ import annotations
 
 import re
@@ -24,7 +26,8 @@ DOCS = ("README.md", "docs/findings.md", "docs/reproductions.md")
 EXPERIMENTS = ROOT / "harness" / "conf" / "experiment"
 MODELS = ROOT / "harness" / "conf" / "model"
 MIN_SEEDS = 5  # the spec's floor for ranking mixers (and for an interval)
-SORTED_RUN = 5  # this many mixers in a row with sorted numbers read as a ranking (4 happen by chance)
+SORTED_RUN = 5  # this many mixers in a row with strictly sorted numbers read as a ranking; shorter
+# runs turn up by chance in a list kept in a fixed order
 
 MARKER = re.compile(r"<!--\s*ranks:\s*([\w/.-]+)\s*-->")
 COMMENT = re.compile(r"<!--.*?-->", re.S)
@@ -32,6 +35,8 @@ FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+LIST_ITEM = re.compile(r"([-*+]|\d+\.)\s")
+LEADING_NUMBER = re.compile(r"\s*[(\[]?(\d+(?:,\d{3})*(?:\.\d+)?)")
 NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
 ORDER = re.compile(
     r"\b(?:beats?|beaten|ahead of|outperform\w*|best|worst|better|worse|higher|lower|highest|"
@@ -76,44 +81,50 @@ def seeds(experiment: str) -> int:
     return len(list(override.sweep_iterator())) if override.is_sweep_override() else 1
 
 
-def units(text: str) -> list[str]:
-    """The sentences of a markdown document: paragraphs, list items and table rows split at
-    sentence ends; code blocks, headings and images left out; in a table, the cells under a
-    `claim` or `anchor` header (what a paper says) dropped."""
-    text = FENCE.sub("", text)
-    blocks: list[str] = []
-    header: list[str] = []
+def cells(line: str) -> list[str]:
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def blocks(text: str) -> tuple[list[str], list[list[str]]]:
+    """A markdown document as its paragraphs and list items (code blocks and headings left out)
+    and its tables (each a list of lines: header, separator, rows)."""
+    paras: list[str] = []
+    tables: list[list[str]] = []
     para: list[str] = []
-
-    def flush() -> None:
-        if para:
-            blocks.append(" ".join(para))
-            para.clear()
-
-    for line in text.splitlines():
+    in_table = False
+    for line in FENCE.sub("", text).splitlines() + [""]:
         s = line.strip()
         if s.startswith("|"):
-            flush()
-            cells = [c.strip() for c in s.strip("|").split("|")]
-            if all(re.fullmatch(r":?-+:?", c) for c in cells if c):
-                continue
-            if not header or len(cells) != len(header):
-                header = [c.lower() for c in cells]
-                continue
-            kept = [c.rstrip(".") for h, c in zip(header, cells) if not h.startswith(("claim", "anchor"))]
-            blocks.append(". ".join(kept))  # a cell ends a sentence
+            if para:
+                paras.append(" ".join(para))
+                para = []
+            if not in_table:
+                tables.append([])
+            tables[-1].append(s)
+            in_table = True
             continue
-        header = []
-        if not s or s.startswith("#"):
-            flush()
-        elif re.match(r"([-*+]|\d+\.)\s", s):
-            flush()
-            para.append(s)
+        in_table = False
+        if not s or s.startswith("#") or LIST_ITEM.match(s):
+            if para:
+                paras.append(" ".join(para))
+            para = [s] if LIST_ITEM.match(s) else []
         else:
             para.append(s)
-    flush()
+    return paras, tables
+
+
+def units(text: str) -> list[str]:
+    """The sentences of a markdown document: paragraphs, list items and table rows split at
+    sentence ends, images left out; in a table each cell ends a sentence, and the cells under a
+    `claim` or `anchor` header (what a paper says) are dropped."""
+    paras, tables = blocks(text)
+    for table in tables:
+        header = [c.lower() for c in cells(table[0])]
+        for row in table[2:]:
+            kept = [c.rstrip(".") for h, c in zip(header, cells(row)) if not h.startswith(("claim", "anchor"))]
+            paras.append(". ".join(kept))
     out = []
-    for block in blocks:
+    for block in paras:
         block = LINK_TARGET.sub("]", IMAGE.sub("", block))
         out += [u for u in SENTENCE_END.split(block) if u.strip()]
     return out
@@ -124,10 +135,24 @@ def mixers_in(sentence: str) -> list[tuple[int, str]]:
     return [(m.start(), canonical[m.group(0).lower()]) for m in pattern.finditer(sentence)]
 
 
+def longest_sorted_run(values: list[float | None]) -> int:
+    """The most consecutive values strictly sorted either way (a tie or None breaks a run: a tie
+    orders nothing)."""
+    best = run_up = run_down = 0
+    previous = None
+    for v in values:
+        if v is None or previous is None:
+            run_up = run_down = 0 if v is None else 1
+        else:
+            run_up, run_down = (run_up + 1 if v > previous else 1), (run_down + 1 if v < previous else 1)
+        best, previous = max(best, run_up, run_down), v
+    return best
+
+
 def sorted_run(sentence: str, mentions: list[tuple[int, str]]) -> int:
     """The longest run of mixers listed with numbers in sorted order (either way): each number
     goes to the mixers named since the number before it ('softmax and mamba 0.986')."""
-    values: list[float] = []
+    values: list[float | None] = []
     pending = False
     events = sorted([(pos, "m") for pos, _ in mentions]
                     + [(m.start(), m.group(0)) for m in NUMBER.finditer(sentence)])
@@ -137,22 +162,37 @@ def sorted_run(sentence: str, mentions: list[tuple[int, str]]) -> int:
         elif pending:
             values.append(float(what.replace(",", "")))
             pending = False
-    best = run_up = run_down = 1 if values else 0
-    for a, b in zip(values, values[1:]):
-        run_up, run_down = (run_up + 1 if b >= a else 1), (run_down + 1 if b <= a else 1)
-        best = max(best, run_up, run_down)
-    return best
+    return longest_sorted_run(values)
+
+
+def marker_problem(text: str) -> str | None:
+    for name in MARKER.findall(text):
+        if seeds(name) < MIN_SEEDS:
+            return f"marked as ranking from {name!r}, which runs {seeds(name)} seed(s) (< {MIN_SEEDS})"
+    return None
+
+
+def table_problem(table: list[str]) -> str | None:
+    """A table with a row per mixer sorted by one of its columns (five mixers or more): a ranking
+    unless its header carries the marker of a five-seed experiment. A table in a fixed order of
+    mixers is sorted by a column only by chance."""
+    if MARKER.search(table[0]):
+        return marker_problem(table[0])
+    header = cells(table[0])
+    rows = [r for r in map(cells, table[2:]) if len({name for _, name in mixers_in(r[0])}) == 1]
+    for col in range(1, len(header)):
+        values = [float(m.group(1).replace(",", "")) for r in rows
+                  if col < len(r) and (m := LEADING_NUMBER.match(r[col]))]
+        if len(values) >= SORTED_RUN and len(set(values)) > 1 and values in (sorted(values), sorted(values)[::-1]):
+            return f"column {header[col]!r} sorts its {len(values)} mixers with no ranks marker in its header"
+    return None
 
 
 def ranking_problem(sentence: str) -> str | None:
     """Why the sentence may not ship, or None: it ranks mixers without a marker of a five-seed
     experiment, or it carries a marker of one with fewer seeds."""
-    marks = MARKER.findall(sentence)
-    for name in marks:
-        if seeds(name) < MIN_SEEDS:
-            return f"marked as ranking from {name!r}, which runs {seeds(name)} seed(s) (< {MIN_SEEDS})"
-    if marks:
-        return None
+    if MARKER.search(sentence):
+        return marker_problem(sentence)
     plain = COMMENT.sub("", sentence).replace("`", "")
     mentions = mixers_in(plain)
     distinct = {name for _, name in mentions}
@@ -164,7 +204,8 @@ def ranking_problem(sentence: str) -> str | None:
 
 
 def problems(text: str) -> list[str]:
-    return [f"{why}: {u.strip()[:160]}" for u in units(text) if (why := ranking_problem(u))]
+    found = [f"{why}: {u.strip()[:160]}" for u in units(text) if (why := ranking_problem(u))]
+    return found + [f"{why}: {t[0][:160]}" for t in blocks(text)[1] if (why := table_problem(t))]
 
 
 @pytest.mark.parametrize("doc", DOCS)
@@ -183,7 +224,7 @@ def test_every_marker_names_a_five_seed_experiment():
     # orderings the README once drew from one-seed sweeps (MQAR, frontier, length, sharpness)
     "At d_model 64: taylor 0.997, deltanet 0.990, gated_deltanet 0.989, softmax and mamba 0.986, dpfp 0.965.",
     "the delta-rule layer separates from plain linear attention (0.82 against 0.67) but not from its control.",
-    "At 64 / 1,024 tokens: softmax 1.00 / 0.98, deltanet 1.00 / 0.99, taylor 0.99 / 0.77, elu 0.95 / 0.62, linear 0.89 / 0.68.",
+    "At 64 / 1,024 tokens: softmax 1.00 / 0.98, taylor 0.99 / 0.77, elu 0.95 / 0.62, linear 0.89 / 0.68, dpfp 0.84 / 0.59.",
     "Then the window (0.21), FAVOR+ (0.34), dpfp (0.37), taylor (0.48) and elu (0.60).",
     "on the capacity task it recalls more than elu and less than Taylor.",
     "FAVOR+ is the weakest mixer and falls below elu.",
@@ -202,6 +243,25 @@ def test_a_ranking_without_five_seeds_is_caught(sentence):
 ])
 def test_an_illustration_or_a_five_seed_ranking_passes(sentence):
     assert ranking_problem(sentence) is None, ranking_problem(sentence)
+
+
+SORTED_TABLE = """
+| mixer | d_model 64 |
+|---|---:|
+| taylor | 0.997 |
+| deltanet | 0.990 |
+| softmax | 0.986 |
+| dpfp | 0.965 |
+| elu | 0.936 \\| one seed |
+"""
+
+
+def test_a_table_sorted_by_a_one_seed_column_is_caught():
+    assert any("sorts" in p for p in problems(SORTED_TABLE))
+    assert any("'mqar'" in p for p in problems(SORTED_TABLE.replace("| mixer |", "| mixer <!-- ranks: mqar --> |")))
+    assert not problems(SORTED_TABLE.replace("| mixer |", "| mixer <!-- ranks: capacity --> |"))
+    unsorted = SORTED_TABLE.replace("| softmax | 0.986 |", "| softmax | 0.240 |")
+    assert not problems(unsorted)
 
 
 def test_seed_counts_are_read_from_the_sweeps():
