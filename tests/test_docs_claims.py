@@ -19,8 +19,6 @@ import pytest
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from harness.layers import builtin_names
-
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/findings.md", "docs/reproductions.md")
 EXPERIMENTS = ROOT / "harness" / "conf" / "experiment"
@@ -59,9 +57,9 @@ ALIASES = {
 
 @lru_cache(maxsize=None)
 def mixer_pattern() -> tuple[re.Pattern, dict[str, str]]:
-    """One regex over every mixer name and alias (longest first, so 'gated_deltanet' is not read
+    """One regex over every mixer's config name and prose alias (longest first, so 'gated_deltanet' is not read
     as 'deltanet'); a name inside a dotted path or an identifier is not a mention."""
-    canonical = {name: name for name in builtin_names()} | {p.stem: p.stem for p in MODELS.glob("*.yaml")}
+    canonical = {p.stem: p.stem for p in MODELS.glob("*.yaml")}  # every `model=` a user can name
     canonical |= {alias: name for name, aliases in ALIASES.items() for alias in aliases}
     words = sorted(canonical, key=len, reverse=True)
     body = "|".join(re.escape(w) for w in words)
