@@ -220,7 +220,7 @@ def test_limit_flops_definition():
 def test_chunk_forms_agree_block_by_block_and_in_one_block(monkeypatch, family):
     # The chunk Functions run their in-chunk products a block of chunks at a time on CPU (for the
     # cache); block boundaries must not change a single number, forward or backward.
-    import harness.ops.chunking as chunking
+    import harness.ops.common.chunking as chunking
     import harness.ops.fused_cpu as fused
 
     monkeypatch.setattr(fused, "_enabled", False)  # the batched form is the one that has blocks
