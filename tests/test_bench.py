@@ -26,6 +26,9 @@ TINY = ["--seq-lens", "16,32", "--batch", "1", "--heads", "2", "--head-dim", "8"
         "--decode-contexts", "8,32", "--decode-repeats", "2", "--limit-seq-len", "32", "--threads", "1"]
 LOOP = ["--loop-steps", "48", "--loop-rounds", "1", "--loop-override", "trainer.batch_size=4",
         "--loop-override", "task.seq_len=24", "--loop-override", "trainer.eval_examples=8"]
+RUN = ["--run-override", "trainer.max_steps=16", "--run-override", "trainer.batch_size=4",
+       "--run-override", "task.seq_len=24", "--run-override", "trainer.eval_examples=8",
+       "--run-override", "trainer.measure_examples=8", "--run-override", "trainer.data_chunk=4"]
 ROW_KEYS = {"family", "form", "chunk_size", "seq_len", "pass", "time_s", "peak_mem_bytes", "limit_ratio", "status",
             "batch", "heads", "d_key", "d_value"}
 COST_KEYS = {"family", "form", "seq_len", "pass", "time_s", "peak_mem_bytes", "model", "limit_ratio"}
@@ -36,7 +39,7 @@ def tiny_result(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "bench.json"
     threads = torch.get_num_threads()
     try:
-        bench_main([*TINY, *LOOP, "--json", str(path)])
+        bench_main([*TINY, *LOOP, *RUN, "--json", str(path)])
     finally:
         torch.set_num_threads(threads)
     return json.loads(path.read_text())
@@ -76,6 +79,18 @@ def test_summary_holds_every_figure(tiny_result):
     extras = s["extras"]  # the plain loop is the same loop without short convolution, fault watch, clipping
     assert extras["ratio"] == pytest.approx(extras["plain_steps_per_s"] / extras["loop_steps_per_s"])
     assert extras["plain_samples"] and all(r > 0 for r in extras["plain_samples"])
+    run = s["default_run"]  # `python -m harness` in its own process, against the bare loop for as many steps
+    assert run["steps"] == 16 and 0 <= run["accuracy"] <= 1 and run["loss"] > 0
+    assert run["ratio"] == pytest.approx(run["run_s"] / run["bare_s"]) and run["bare_s"] > 0
+    parts = run["parts"]
+    assert all(parts[k] > 0 for k in ("start_and_save", "setup", "steps", "measurements"))
+    assert parts["process"] > parts["setup"] + parts["steps"] + parts["measurements"]
+    assert "trainer.max_steps=16" in run["overrides"]
+    table = report.format_summary(s).splitlines()
+    first = next(i for i, line in enumerate(table) if line.startswith("default run ("))
+    assert "16 steps" in table[first] and "bare loop" in table[first]
+    assert [line.split()[0] for line in table[first + 1:first + 1 + len(report.RUN_PARTS)]] == \
+        ["process", "set-up", "training", "evaluations", "end-of-run"]
     names = {t["name"] for t in s["targets"]}
     assert any(n.startswith("limit ratio, decay_per_dim") for n in names)
     assert any(n.startswith("decode growth, softmax") for n in names)
@@ -103,13 +118,14 @@ def test_limit_ratio_is_time_over_the_state_arithmetic(tiny_result):
 def test_command_line_writes_json_and_a_table(tmp_path):
     out = tmp_path / "cli.json"
     args = [*TINY, "--families", "linear,decay_scalar", "--forms", "chunk,parallel", "--passes", "fwdbwd",
-            "--no-loop", "--no-decode", "--no-memory", "--json", str(out)]
+            "--no-loop", "--no-decode", "--no-memory", "--no-default-run", "--json", str(out)]
     proc = subprocess.run([sys.executable, "-m", "harness.bench", *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "forward + backward" in proc.stdout and "targets:" in proc.stdout
     result = json.loads(out.read_text())
     assert {r["family"] for r in result["rows"]} == {"linear", "decay_scalar"}
     assert result["summary"]["decode"] is None and result["summary"]["loop"] is None
+    assert result["summary"]["default_run"] is None
     assert result["env"]["allocator"]["configured"]  # set by importing harness, as in any user's process
 
 
@@ -220,7 +236,7 @@ def test_limit_flops_definition():
 def test_chunk_forms_agree_block_by_block_and_in_one_block(monkeypatch, family):
     # The chunk Functions run their in-chunk products a block of chunks at a time on CPU (for the
     # cache); block boundaries must not change a single number, forward or backward.
-    import harness.ops.chunking as chunking
+    import harness.ops.common.chunking as chunking
     import harness.ops.fused_cpu as fused
 
     monkeypatch.setattr(fused, "_enabled", False)  # the batched form is the one that has blocks
@@ -266,6 +282,8 @@ BAD_BENCH = [
     (["--decode-contexts", "0"], "--decode-contexts must be a non-empty list of integers >= 1"),
     (["--decode-contexts", "100000000"], "bench decoding: contexts 100000000 x batch 8 x 4 heads x 64 needs about"),
     (["--loop-override", "model=nope"], "unknown model 'nope'; valid:"),
+    (["--run-override", "model=nope"], "unknown model 'nope'; valid:"),
+    (["--run-rounds", "0"], "--run-rounds must be a positive integer"),
     (["--loop-override", "trainer.batch_size=100000", "--loop-override", "task.seq_len=100000"],
      "training: batch 100000 x length 100000 x width 64"),
     (["--json", "/nonexistent/bench.json"], "--json /nonexistent/bench.json: cannot write it"),

@@ -6,8 +6,8 @@ import torch
 
 import harness.ops.fused_cpu as fused
 from harness import ops
-from harness.ops.decay_chunk import DecayChunk, DecayChunkCPU, decay_chunk
-from harness.ops.linear_chunk import LinearChunk, LinearChunkCPU, linear_chunk
+from harness.ops.decay.chunk import DecayChunk, DecayChunkCPU, decay_chunk
+from harness.ops.linear.chunk import LinearChunk, LinearChunkCPU, linear_chunk
 
 pytestmark = pytest.mark.skipif(fused._load() is None, reason="the fused kernel could not be built here")
 
@@ -165,7 +165,7 @@ def test_decay_attention_uses_it_and_matches_naive(monkeypatch):
 
 
 def delta_outputs_and_grads(use_fused, q, k, v, beta, x, s0, monkeypatch):
-    from harness.ops.delta_chunk import delta_chunk
+    from harness.ops.delta.chunk import delta_chunk
 
     monkeypatch.setattr(fused, "_enabled", use_fused)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, beta, x, s0) if t is not None]

@@ -10,20 +10,21 @@ import pytest
 import torch
 
 import harness.ops.fused_cpu as fused
-from harness.ops.linear_chunk import linear_chunk
+from harness.ops.linear.chunk import linear_chunk
 
 
 def checkout(tmp_path, name):
-    """The kernels' sources as another clone or worktree holds them."""
-    return shutil.copytree(fused.CSRC, tmp_path / name / "harness" / "ops" / "csrc")
+    """The kernels' sources (harness/ops/*/*.cpp, *.h) as another clone or worktree holds them."""
+    return shutil.copytree(fused.ROOT, tmp_path / name / "harness" / "ops",
+                           ignore=shutil.ignore_patterns("*.py", "__pycache__"))
 
 
-def new_process(monkeypatch, csrc=None):
+def new_process(monkeypatch, root=None):
     """The module's state as a process that has not loaded the kernels yet has it."""
     monkeypatch.setattr(fused, "_module", None)
     monkeypatch.setattr(fused, "_failed", False)
-    if csrc is not None:
-        monkeypatch.setattr(fused, "CSRC", csrc)
+    if root is not None:
+        monkeypatch.setattr(fused, "ROOT", root)
 
 
 def no_compiling(monkeypatch):
@@ -65,9 +66,9 @@ def test_two_checkouts_share_one_build_and_neither_builds_again(tmp_path, monkey
     assert (built / fused.BUILT).is_file()
     calls = no_compiling(monkeypatch)
     clone, worktree = checkout(tmp_path, "clone"), checkout(tmp_path, "worktree")
-    for csrc in (clone, worktree, clone, worktree):  # alternately, as two checkouts' runs go
-        new_process(monkeypatch, csrc)
-        assert fused.build_directory(fused.build_key(fused.read_sources(csrc), flags)) == built
+    for root in (clone, worktree, clone, worktree):  # alternately, as two checkouts' runs go
+        new_process(monkeypatch, root)
+        assert fused.build_directory(fused.build_key(fused.read_sources(root), flags)) == built
         assert fused._load() is not None and not ran_batched()
     assert calls == []
 
@@ -111,16 +112,19 @@ def test_a_build_that_runs_too_long_is_not_waited_for(tmp_path, monkeypatch, cap
 
 def test_the_key_follows_contents_flags_and_versions_not_the_path(tmp_path, monkeypatch):
     flags = fused.build_flags()
-    csrc = checkout(tmp_path, "copy")
-    key = fused.build_key(fused.read_sources(csrc), flags)
+    root = checkout(tmp_path, "copy")
+    key = fused.build_key(fused.read_sources(root), flags)
     assert key == fused.build_key(fused.read_sources(), flags)  # another path, the same build
-    header = csrc / "chunk_cpu.h"
-    original = header.read_bytes()
-    header.write_bytes(original + b"// one more line\n")  # an included file counts too
-    assert fused.build_key(fused.read_sources(csrc), flags) != key
-    header.write_bytes(original)
-    (csrc / "extra_cpu.cpp").write_text("// a new source\n")
-    assert fused.build_key(fused.read_sources(csrc), flags) != key
+    for source in (root / "csrc" / "chunk_cpu.h", root / "delta" / "delta_cpu.cpp"):  # included, and a family's
+        original = source.read_bytes()
+        source.write_bytes(original + b"// one more line\n")
+        assert fused.build_key(fused.read_sources(root), flags) != key
+        source.write_bytes(original)
+    (root / "conv" / "extra_cpu.cpp").write_text("// a new source\n")
+    assert fused.build_key(fused.read_sources(root), flags) != key
+    (root / "linear" / "extra_cpu.cpp").write_text("// the same name in another family\n")
+    with pytest.raises(ValueError, match="share a file name"):
+        fused.read_sources(root)
     sources = fused.read_sources()
     assert fused.build_key(sources, flags + ["-DEXTRA"]) != key
     monkeypatch.setattr(torch, "__version__", "0.0.0")

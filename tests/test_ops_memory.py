@@ -10,8 +10,8 @@ recurrent loop without checkpointing serve as controls that the measurement sees
 import pytest
 import torch
 
-import harness.ops.decay as decay_module
-import harness.ops.scan as scan_module
+import harness.ops.decay.forms as decay_module
+import harness.ops.common.scan as scan_module
 from harness import ops
 from harness.peak_memory import LiveMemory
 

@@ -60,11 +60,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loop-rounds", type=int)
     p.add_argument("--loop-override", action="append", dest="loop_overrides", default=None,
                    help="Hydra override for the training loop measured (repeatable), e.g. model=mamba")
+    p.add_argument("--run-override", action="append", dest="run_overrides", default=None,
+                   help="Hydra override for the default run measured (repeatable; none: the default run)")
+    p.add_argument("--run-rounds", type=int)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast around every call")
     p.add_argument("--compile", action="store_true", help="torch.compile every form")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--no-decode", action="store_true")
     p.add_argument("--no-loop", action="store_true")
+    p.add_argument("--no-default-run", action="store_true")
     return p.parse_args(argv)
 
 
@@ -83,6 +87,7 @@ def config_from_args(args: argparse.Namespace):
             setattr(cfg, name, value)
     cfg.bf16, cfg.compile = args.bf16, args.compile
     cfg.memory, cfg.decode, cfg.loop = not args.no_memory, not args.no_decode, not args.no_loop
+    cfg.default_run = cfg.default_run and not args.no_default_run
     return cfg
 
 

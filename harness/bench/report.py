@@ -216,6 +216,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"extras ratio ({extras['task']}/{extras['model']}): {extras['plain_steps_per_s']:.1f} steps/s "
                      f"plain ({extras['plain']}) vs {extras['loop_steps_per_s']:.1f} in train() "
                      f"= {extras['ratio']:.3f}")
+    lines += _default_run_lines(summary.get("default_run"))
     lines.append("targets:")
     for t in summary.get("targets", []):
         mark = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
@@ -223,3 +224,20 @@ def format_summary(summary: dict[str, Any]) -> str:
         shown = f"{value:.3g}" if isinstance(value, float) else str(value)
         lines.append(f"  [{mark:>6}] {t['name']}: {shown} (target {t['target']})")
     return "\n".join(lines)
+
+
+RUN_PARTS = (("start_and_save", "process start (imports) and saving"), ("setup", "set-up before the first step"),
+             ("steps", "training steps (median step x steps)"),
+             ("evaluations_and_checkpoints", "evaluations and checkpoints"), ("measurements", "end-of-run measurements"))
+
+
+def _default_run_lines(run: dict[str, Any] | None) -> list[str]:
+    """The default run's seconds by part against the bare loop's for as many steps."""
+    if not run:
+        return []
+    parts = run["parts"]
+    lines = [f"default run ({' '.join(run['overrides']) or 'no overrides'}; {run['steps']} steps, accuracy "
+             f"{run['accuracy']:.4f}, loss {run['loss']:.4f}): {run['run_s']:.1f} s in all vs {run['bare_s']:.1f} s "
+             f"bare loop = {run['ratio']:.2f}"]
+    lines += [f"  {label:<40}{parts[key]:>8.1f} s" for key, label in RUN_PARTS]
+    return lines

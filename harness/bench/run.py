@@ -63,12 +63,16 @@ class BenchConfig:
     # single rounds of the loop timings spread by +-3% on a 2-core machine; medians of five
     # alternating rounds of the extras ratio, measured three times: 1.081-1.086
     loop_rounds: int = 5
+    default_run: bool = True  # `python -m harness` as a user runs it, against the bare loop (harness.bench.default_run)
+    run_overrides: list[str] = field(default_factory=list)  # Hydra overrides of that run (none: the default run)
+    run_rounds: int = 1
     seed: int = 0
 
 
 def quick_config(device: str = "cpu") -> BenchConfig:
     return BenchConfig(device=device, batch=2, seq_lens=list(QUICK_SEQ_LENS), repeats=2, limit_seq_len=1024,
-                       recurrent_max_len=512, max_call_s=1.0, decode_repeats=10, loop_steps=48, loop_rounds=2)
+                       recurrent_max_len=512, max_call_s=1.0, decode_repeats=10, loop_steps=48, loop_rounds=2,
+                       default_run=False)
 
 
 def _memory_budget(device: torch.device) -> float:
@@ -249,7 +253,7 @@ def validate_bench(cfg: BenchConfig) -> None:
     if cfg.chunk_sizes is not None:
         checks.int_list("--chunk-sizes", cfg.chunk_sizes)
     for name in ("batch", "heads", "head_dim", "repeats", "recurrent_max_len", "limit_seq_len",
-                 "decode_repeats", "loop_steps", "loop_rounds"):
+                 "decode_repeats", "loop_steps", "loop_rounds", "run_rounds"):
         checks.integer(f"--{name.replace('_', '-')}", getattr(cfg, name))
     checks.integer("--threads", cfg.threads, nullable=True)
     checks.number("--max-call-s", cfg.max_call_s, "(0, inf)")
@@ -260,14 +264,15 @@ def validate_bench(cfg: BenchConfig) -> None:
         checks.int_list("--decode-contexts", cfg.decode_contexts)
         check_fits(f"bench decoding: contexts {','.join(map(str, cfg.decode_contexts))} x batch {cfg.batch} x "
                    f"{cfg.heads} heads x {cfg.head_dim}", decode_bytes(cfg), device)
-    if cfg.loop:
+    # the training loops measured (the loop benchmarks', the default run's): their configs checked
+    for overrides in [cfg.loop_overrides] * cfg.loop + [cfg.run_overrides] * cfg.default_run:
         from harness.bench.loop import loop_config
         from harness.train.memory import check_training
 
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
-            loop_cfg = loop_config(cfg.loop_overrides, cfg.loop_steps, cfg.device, Path(tmp))
+            loop_cfg = loop_config(overrides, cfg.loop_steps, cfg.device, Path(tmp))
         check_training(loop_cfg)
 
 
@@ -300,6 +305,7 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
         "decode": None,
         "loop": None,
         "extras": None,
+        "default_run": None,
     }
     if cfg.decode and in_time():
         fams = tuple(f for f in DECODE_FAMILIES if f in cfg.families)
@@ -322,6 +328,12 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
         summary["extras"] = extras_ratio(cfg.loop_overrides, steps=cfg.loop_steps, rounds=cfg.loop_rounds,
                                          device=cfg.device)
         log(f"[bench] extras ratio: {time.perf_counter() - start:.1f} s")
+    if cfg.default_run and in_time():
+        from harness.bench.default_run import default_run_cost
+
+        start = time.perf_counter()
+        summary["default_run"] = default_run_cost(cfg.run_overrides, rounds=cfg.run_rounds, device=cfg.device)
+        log(f"[bench] default run: {time.perf_counter() - start:.1f} s")
     summary["targets"] = report.targets(summary)
     summary["wall_time_s"] = time.time() - started
     return {"schema": 1, "kind": "bench", "config": asdict(cfg), "env": env_summary(device),
@@ -333,4 +345,6 @@ def run_benchmark(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[
                 "decode growth": "one step at the longest context / one step at the shortest",
                 "loop efficiency": "steps/s of harness.train.loop.train / steps/s of bare forward+backward+optimizer",
                 "extras ratio": "steps/s of the plain loop (model.short_conv=false, no fault watch, no clipping) / "
-                                "steps/s of harness.train.loop.train, same data, optimizer and schedule"}}
+                                "steps/s of harness.train.loop.train, same data, optimizer and schedule",
+                "default run": "seconds of `WANDB_MODE=disabled python -m harness` (a fresh process, progress lines off) / "
+                               "seconds of the bare loop for as many steps on the same model and batch"}}

@@ -4,17 +4,21 @@ Four families — softmax, linear (kernel), decayed/gated linear attention and t
 rule — each with a parallel, a recurrent and a chunk form (softmax: the fused and the banded
 sliding-window kernels instead), a one-token step for decoding, the effective
 attention weights for analysis, and a naive loop reference the fast forms are tested against.
+
+One folder per family (softmax/, linear/, decay/, delta/, and conv/ for the mixers' short
+convolution) holds its forms, its chunk Functions, its fused CPU kernel source and its naive
+reference side by side; common/ holds what they share, csrc/ the extension's bindings and shared
+header, fused_cpu the extension's build and switch, cores the forms each core has, state the
+memory each one keeps.
 """
 
-from .decay import decay_attention, decay_attention_step, decay_weights
-from .delta import delta_attention, delta_attention_step, delta_weights
-from .guards import finite_checks_enabled, floor_denominator, set_finite_checks
-from .linear import linear_attention, linear_attention_step, linear_weights
+from .common.guards import finite_checks_enabled, floor_denominator, set_finite_checks
+from .decay import decay_attention, decay_attention_step, decay_weights, naive_decay_attention
+from .delta import delta_attention, delta_attention_step, delta_weights, naive_delta_attention
 from .fused_cpu import fused_cpu_enabled, set_fused_cpu
-from .naive import (naive_decay_attention, naive_delta_attention, naive_linear_attention,
-                    naive_softmax_attention)
-from .softmax import (softmax_attention, softmax_step, softmax_weights, window_attention, window_step,
-                      window_weights)
+from .linear import linear_attention, linear_attention_step, linear_weights, naive_linear_attention
+from .softmax import (naive_softmax_attention, softmax_attention, softmax_step, softmax_weights, window_attention,
+                      window_step, window_weights)
 from .state import attention_matrix_elements, kv_cache_elements, kv_crossover, state_elements
 
 __all__ = [

@@ -1,15 +1,16 @@
-"""The fused CPU kernels of the chunk forms (csrc/): building, loading, the switch.
+"""The fused CPU kernels of the chunk forms: building, loading, the switch.
 
-The batched forms in harness.ops.linear_chunk, decay_chunk and delta_chunk stream every tensor
+The batched forms in harness.ops.linear.chunk, decay.chunk and delta.chunk stream every tensor
 through main memory once per product; on a CPU that traffic, not the arithmetic, sets their
 speed. The fused kernels walk each sequence chunk by chunk in one thread (the sequences in
 parallel), so a chunk's q, k, v stay in cache through all of its products: the same
 mathematics, with the batched forms as the oracles of their tests. Their autograd Functions
 sit beside the batched ones (LinearChunkCPU; DecayChunkCPU for scalar and per-dimension gates;
-the delta rule's in delta_chunk; the short convolution's in harness.ops.conv). csrc/chunk_cpu.h
-lists the files of the one extension module.
+the delta rule's in delta.chunk; the short convolution's in conv.forms). Each family's kernel
+source sits in its folder (linear/linear_cpu.cpp, ...), the bindings and the shared header in
+csrc/; csrc/chunk_cpu.h lists the files of the one extension module.
 
-The extension is compiled with torch.utils.cpp_extension (about a minute of two cores) by
+The extension is compiled with torch.utils.cpp_extension by
 scripts/setup.sh, or else on first use, and runs for float32 and float64 CPU inputs. Its build
 directory, under TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions), is named by a hash of
 the sources' contents, the compiler flags, torch's version and Python's extension suffix
@@ -18,8 +19,8 @@ kept there: two checkouts of the same code share one build and never rebuild eac
 different code never meets an old build. Once built, a process imports the module directly,
 without the compiler, ninja or torch's `lock` file. Where it cannot be built or loaded (no
 compiler, a torch without its bundled MKL, the `lock` of a build that was killed, another
-process's build running past LOCK_WAIT_S) the batched forms run instead, after one warning. ``set_fused_cpu(False)`` or HARNESS_FUSED_CPU=0
-turns it off.
+process's build running past LOCK_WAIT_S) the batched forms run instead, after one warning.
+``set_fused_cpu(False)`` or HARNESS_FUSED_CPU=0 turns it off.
 """
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ from pathlib import Path
 
 import torch
 
-CSRC = Path(__file__).parent / "csrc"  # every *.cpp there is compiled; *.h files are included
+# Every *.cpp in a folder of harness/ops (csrc/ and the families') is compiled; *.h files are
+# included. The build copies them into one folder, so a file includes the header by its name alone.
+ROOT = Path(__file__).parent
 NAME = "harness_chunk_cpu"
 LDFLAGS = ["-fopenmp"]
 DTYPES = (torch.float32, torch.float64)
@@ -46,7 +49,7 @@ BUILT = "harness-built"  # in the build directory: the module's file name, once 
 # which the kernel releases when its holder dies: a `lock` found while holding it is a dead
 # build's. Where the filesystem has no flock (some network mounts), a `lock` this old, or one
 # waited on this long, is taken for one; and no process waits longer than this for another's
-# build. A build takes about a minute of two cores, a few minutes on a busy machine.
+# build, which leaves room for a build on a busy machine.
 LOCK_WAIT_S = 300.0
 POLL_S = 0.2  # how often a waiting process looks again at the lock and at the build
 
@@ -68,9 +71,9 @@ def fused_cpu_enabled() -> bool:
 
 def build_flags() -> list[str]:
     """The compiler flags. Where torch's own dispatch finds AVX2 (x86-64), the elementwise loops
-    are built for it (8 floats at a time instead of SSE2's 4: the short convolution and the gates'
-    loops take about half the time); the flags are part of the build key, so a cache shared with a
-    machine without AVX2 never hands it that build."""
+    are built for it (8 floats at a time instead of SSE2's 4, for the short convolution and the
+    gates' loops); the flags are part of the build key, so a cache shared with a machine without
+    AVX2 never hands it that build."""
     import platform
 
     flags = ["-O3", "-fopenmp"]
@@ -79,10 +82,14 @@ def build_flags() -> list[str]:
     return flags
 
 
-def read_sources(csrc: Path | None = None) -> dict[str, bytes]:
-    """The extension's source files (name -> contents), sorted by name."""
-    paths = sorted([*(csrc or CSRC).glob("*.cpp"), *(csrc or CSRC).glob("*.h")])
-    return {p.name: p.read_bytes() for p in paths}
+def read_sources(root: Path | None = None) -> dict[str, bytes]:
+    """The extension's source files under `root` (harness/ops; name -> contents), sorted by name.
+    Keyed by file name alone, not folder: moving a file between folders is not a new build."""
+    paths = sorted([*(root or ROOT).glob("*/*.cpp"), *(root or ROOT).glob("*/*.h")], key=lambda p: p.name)
+    sources = {p.name: p.read_bytes() for p in paths}
+    if len(sources) != len(paths):
+        raise ValueError(f"two kernel sources under {root or ROOT} share a file name")
+    return sources
 
 
 def build_key(sources: dict[str, bytes], flags: list[str]) -> str:
@@ -222,8 +229,8 @@ def build() -> bool:
 
 def applies(*tensors: torch.Tensor) -> bool:
     """Whether chunked inputs go to a fused kernel: CPU, one float32/64 dtype, not while
-    torch.compile traces. The linear kernel beats the batched form from one chunk up (forward +
-    backward 0.5-0.7 of its time at training sizes, 0.78 at T = 4,096)."""
+    torch.compile traces. No size threshold: the kernel keeps a chunk in cache however few chunks
+    there are, so it is taken from one chunk up."""
     q = tensors[0]
     return (_enabled and q.device.type == "cpu" and q.dtype in DTYPES
             and all(t.dtype == q.dtype for t in tensors)

@@ -109,6 +109,8 @@ class WandbLogger:
 def make_logger(cfg, flat_config: dict[str, Any], out_dir: Path, name: str,
                 run_id: str | None = None):
     """``run_id``: the wandb run of a checkpoint being resumed (None: a new run)."""
-    if cfg.name == "none" or cfg.mode == "disabled":
+    # WANDB_MODE=disabled in the environment wins over the config (see above): then wandb is not
+    # even imported, an import and an init the run would pay inside its timed set-up for nothing
+    if cfg.name == "none" or cfg.mode == "disabled" or os.environ.get("WANDB_MODE") == "disabled":
         return NullLogger()
     return WandbLogger(cfg, flat_config, out_dir, name, run_id=run_id)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from harness.errors import RunError
-from harness.ops.guards import watching_denominators
+from harness.ops.common.guards import watching_denominators
 
 @dataclass(frozen=True)
 class Site:

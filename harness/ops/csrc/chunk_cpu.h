@@ -1,20 +1,21 @@
 // What every fused CPU kernel of the extension shares: the BLAS calls, the chunk walk, and the
 // declaration of each family's kernels.
 //
-// The extension is one module built from these files:
-//   chunk_cpu.h     this header
-//   chunk_cpu.cpp   the module: tensors in and out of every kernel, and the Python bindings
-//   linear_cpu.cpp  linear attention (optionally normalised by q.z)
-//   decay_cpu.cpp   decayed attention with one scalar gate per position (RetNet, Mamba-2)
-//   gated_cpu.cpp   decayed attention with one gate per key dimension (GLA)
-//   delta_cpu.cpp   the delta rule, with or without a scalar decay (DeltaNet, Gated DeltaNet)
-//   conv_cpu.cpp    the short causal depthwise convolution of the mixers
+// The extension is one module built from these files (under harness/ops; each family's beside
+// its PyTorch forms, all copied into one folder to build, so they include this header by name):
+//   csrc/chunk_cpu.h       this header
+//   csrc/chunk_cpu.cpp     the module: tensors in and out of every kernel, and the Python bindings
+//   linear/linear_cpu.cpp  linear attention (optionally normalised by q.z)
+//   decay/decay_cpu.cpp    decayed attention with one scalar gate per position (RetNet, Mamba-2)
+//   decay/gated_cpu.cpp    decayed attention with one gate per key dimension (GLA)
+//   delta/delta_cpu.cpp    the delta rule, with or without a scalar decay (DeltaNet, Gated DeltaNet)
+//   conv/conv_cpu.cpp      the short causal depthwise convolution of the mixers
 // Only chunk_cpu.cpp includes <torch/extension.h> (pybind11 and all of ATen, most of a file's
 // compile time): the family files work on raw pointers, include this header alone and
 // instantiate their kernels for float and double, so the extension pays for that include once.
 //
-// Why one chunk walk: the batched PyTorch forms (harness/ops/linear_chunk.py, decay_chunk.py,
-// delta_chunk.py) are bound by memory traffic, every product streaming a whole tensor through
+// Why one chunk walk: the batched PyTorch forms (chunk.py in harness/ops/linear, decay and
+// delta) are bound by memory traffic, every product streaming a whole tensor through
 // main memory. Here one thread walks one sequence chunk by chunk, carrying the state; a chunk's
 // q, k, v (48 KB at C = Dk = Dv = 64) stay in cache through all of its products, which are
 // single-threaded BLAS calls. The backward passes walk the chunks in reverse carrying G, the

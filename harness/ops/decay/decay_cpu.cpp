@@ -1,5 +1,5 @@
 // Decayed attention's chunk form with one scalar gate per position (RetNet, Mamba-2), fused for
-// the CPU (harness/ops/decay_chunk.py is its batched form and oracle): ScalarDecayKernel of
+// the CPU (harness/ops/decay/chunk.py is its batched form and oracle): ScalarDecayKernel of
 // chunk_cpu.h.
 //
 // Per chunk (b_i the log decay from the chunk start, b_C at its end, M_ij = e^{b_i - b_j} for

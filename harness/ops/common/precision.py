@@ -5,7 +5,7 @@ arithmetic inside a custom autograd Function, whose in-place updates would then 
 dtypes. The chunk forms therefore take autocast's decision once, at their entry: q, k and v
 are cast to the autocast dtype (or brought to one common dtype without autocast), and the
 Function runs with autocast off. Log decays keep their own (float32 or wider) precision,
-and states summed over many chunks are accumulated in float32 (harness.ops.prefix).
+and states summed over many chunks are accumulated in float32 (harness.ops.common.prefix).
 """
 
 from __future__ import annotations

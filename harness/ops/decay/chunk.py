@@ -30,10 +30,10 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import fused_cpu
-from .chunking import chunk_blocks
-from .precision import autocast_off, compute_dtype
-from .prefix import scan_add, scan_states
+from .. import fused_cpu
+from ..common.chunking import chunk_blocks
+from ..common.precision import autocast_off, compute_dtype
+from ..common.prefix import scan_add, scan_states
 
 
 def _pair_block(a: torch.Tensor, s: int) -> torch.Tensor:
@@ -146,7 +146,7 @@ class DecayChunk(torch.autograd.Function):
     decays, G = 1 (scalar per head) or Dk (per key dimension; C a power of two); s0
     (M, Dk, Dv) or None. o (M, N, C, Dv), S (M, Dk, Dv) the final state. The states come
     first (the chunks' updates, then the scan); everything else is chunk-local and runs
-    block by block (harness.ops.chunking.chunk_blocks).
+    block by block (harness.ops.common.chunking.chunk_blocks).
     """
 
     @staticmethod
@@ -246,7 +246,7 @@ def final_state_log_decay_grad(ds_final, s_final, per_dim: bool, dtype) -> torch
 
 
 class DecayChunkCPU(torch.autograd.Function):
-    """:class:`DecayChunk` through the fused CPU kernels (harness/ops/csrc/decay_cpu.cpp, gated_cpu.cpp): same
+    """:class:`DecayChunk` through the fused CPU kernels (harness/ops/decay/decay_cpu.cpp, gated_cpu.cpp): same
     signature and results, for scalar gates and per-dimension gates alike; the kernels recompute
     the in-chunk weights in the backward pass instead of saving them.
 

@@ -1,4 +1,4 @@
-// Linear attention's chunk form, fused for the CPU (harness/ops/linear_chunk.py is its batched
+// Linear attention's chunk form, fused for the CPU (harness/ops/linear/chunk.py is its batched
 // form and oracle): LinearKernel of chunk_cpu.h.
 //
 // Per chunk (rows i of q, k, v; S, z the state entering the chunk; A = tril(q k^T)):
@@ -14,7 +14,7 @@
 namespace harness_cpu {
 namespace {
 
-// |den| floored at eps with its sign kept, 0 -> +eps (harness.ops.guards.floor_denominator).
+// |den| floored at eps with its sign kept, 0 -> +eps (harness.ops.common.guards.floor_denominator).
 template <typename T>
 T floor_denominator(T den, T eps) {
   return den < 0 ? std::min(den, -eps) : std::max(den, eps);

@@ -9,7 +9,7 @@ the segment between them (or as the product of that segment's a_s), never as a r
 cumulative products, so nothing overflows when the decay is strong: every exponent is <= 0
 and every factor <= 1 for log_decay <= 0 (the intended range; it must be finite).
 
-The chunk form (harness.ops.decay_chunk, one autograd Function with a hand-written
+The chunk form (harness.ops.decay.chunk, one autograd Function with a hand-written
 backward) splits each chunk's decay at the chunk start (queries read the state entering the
 chunk) and at the chunk end (keys enter the state leaving it). Inside a chunk a scalar decay
 is a (C, C) mask on q k^T; a per-dimension gate has no such mask and is factored exactly
@@ -27,11 +27,11 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from .chunking import from_chunks, to_chunks
-from .guards import check_chunk_size, check_form, check_qkv, check_qkv_step, query_positions
-from .decay_chunk import decay_chunk
-from .scan import scan
-from .segments import segsum, segsum_rows, suffix_sum
+from ..common.chunking import from_chunks, to_chunks
+from ..common.guards import check_chunk_size, check_form, check_qkv, check_qkv_step, query_positions
+from ..common.scan import scan
+from ..common.segments import segsum, segsum_rows, suffix_sum
+from .chunk import decay_chunk
 
 GATED_GROUP_ELEMENTS = 1 << 22  # elements of the per-dimension (T, T, Dk) decay tensor built at once
 

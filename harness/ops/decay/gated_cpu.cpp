@@ -1,5 +1,5 @@
 // Decayed attention's chunk form with one gate per key dimension (GLA), fused for the CPU
-// (harness/ops/decay_chunk.py is its batched form and oracle): GatedKernel of chunk_cpu.h.
+// (harness/ops/decay/chunk.py is its batched form and oracle): GatedKernel of chunk_cpu.h.
 //
 // a = e^{x} (C x Dk per chunk, computed by the caller): every decay between two positions is a
 // product of a's over the positions between them, so no exponential is taken here. In-chunk

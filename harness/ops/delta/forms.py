@@ -11,8 +11,8 @@ inside, as for decay_attention: callers scale q and L2-normalise k (with |k| = 1
 beta <= 1 each step is a contraction; unnormalised keys can make the state grow).
 
 Forms, all exact:
-  recurrent  a loop over time carrying S (harness.ops.scan: checkpointed segments);
-  chunk      the WY / UT representation (harness.ops.delta_chunk): exact inside chunks of
+  recurrent  a loop over time carrying S (harness.ops.common.scan: checkpointed segments);
+  chunk      the WY / UT representation (harness.ops.delta.chunk): exact inside chunks of
              chunk_size, S carried across chunks, any T (zero padding: a padded position has
              beta = 0, k = 0 and a = 1, so it writes nothing and leaves S as it is);
   parallel   the whole sequence as one block: one (T, T) triangular solve per head,
@@ -29,11 +29,11 @@ from typing import Optional
 
 import torch
 
-from .chunking import from_chunks, to_chunks
-from .delta_chunk import block_corrections, block_factors, block_output, block_state, delta_chunk, solve_unit_lower
-from .guards import check_chunk_size, check_form, check_qkv, check_qkv_step
-from .precision import autocast_off, compute_dtype
-from .scan import scan
+from ..common.chunking import from_chunks, to_chunks
+from ..common.guards import check_chunk_size, check_form, check_qkv, check_qkv_step
+from ..common.precision import autocast_off, compute_dtype
+from ..common.scan import scan
+from .chunk import block_corrections, block_factors, block_output, block_state, delta_chunk, solve_unit_lower
 
 
 def _check_gates(q, beta, log_decay, where):
@@ -91,7 +91,7 @@ def delta_weights(q, k, beta, log_decay=None, rows=None):
 
 
 def _parallel(q, k, v, beta, log_decay, s0):
-    """The whole sequence as one block (harness.ops.delta_chunk with C = T), no loop."""
+    """The whole sequence as one block (harness.ops.delta.chunk with C = T), no loop."""
     blk = block_factors(q, k, beta, log_decay)
     w, u = block_corrections(blk, v, beta, many=False)
     if s0 is not None:

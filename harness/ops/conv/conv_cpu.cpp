@@ -1,4 +1,4 @@
-// The short causal depthwise convolution of the mixers, fused for the CPU (harness/ops/conv.py
+// The short causal depthwise convolution of the mixers, fused for the CPU (harness/ops/conv/forms.py
 // holds its PyTorch forms, F.conv1d its oracle): ConvKernel of chunk_cpu.h.
 //
 // y[b, t, c] = bias[c] + sum_i w[i, c] x[b, t - K + 1 + i, c] (x zero before t = 0), on the

@@ -3,11 +3,11 @@
 x (B, T, C) as the projections produce it, weight (C, K) (nn.Conv1d's depthwise weight without
 its middle axis), bias (C); positions before the first are zero, so y_t reads x_{<=t} only.
 Three ways to compute it, one result:
-  - the fused CPU kernel (csrc/conv_cpu.cpp, float32/64): one pass over x forward, one over
+  - the fused CPU kernel (conv/conv_cpu.cpp, float32/64): one pass over x forward, one over
     x and dy backward;
   - K shifted multiply-adds on the (B, T, C) layout (any device and dtype): each a pass over
-    the tensor with its own backward node, at training sizes about a sixth of a step on CPU;
-  - F.conv1d with left padding (:func:`causal_conv_reference`, two transposes): the oracle.
+    the tensor with its own backward node, which is why the CPU has the fused kernel;
+  - F.conv1d with left padding (harness.ops.conv.naive, two transposes): the oracle.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import fused_cpu
+from .. import fused_cpu
 
 
 class CausalConvCPU(torch.autograd.Function):
@@ -52,10 +52,3 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     if fused_cpu.applies(x, weight, bias):
         return CausalConvCPU.apply(x.contiguous(), weight, bias)
     return _shifted(x, weight, bias)
-
-
-def causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """The same convolution by F.conv1d (the oracle of the tests)."""
-    t, size = x.shape[1], weight.shape[1]
-    y = F.conv1d(x.transpose(1, 2), weight.unsqueeze(1), bias, padding=size - 1, groups=x.shape[2])
-    return y[..., :t].transpose(1, 2)  # left padding only -> causal

@@ -19,8 +19,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .chunking import from_chunks, to_chunks
-from .guards import check_qkv, check_qkv_step, query_positions
+from ..common.chunking import from_chunks, to_chunks
+from ..common.guards import check_qkv, check_qkv_step, query_positions
 
 
 def _scale(d: int, scale: float | None) -> float:

@@ -3,7 +3,7 @@
 q and k arrive already feature-mapped (phi(q), phi(k); non-negative for normalised attention).
 Each form computes the numerator q S and the denominator q.z of every position and hands
 them to one read-out (:func:`_read_out`; the causal chunk form applies the same floor and
-check inside its autograd Function, harness.ops.linear_chunk); the recurrent form and the
+check inside its autograd Function, harness.ops.linear.chunk); the recurrent form and the
 step carry S and z together as S' = [S | z] (Dk, Dv + 1), the state of a value with a
 constant 1 appended.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .chunking import from_chunks, to_chunks
-from .guards import (
+from ..common.chunking import from_chunks, to_chunks
+from ..common.guards import (
     check_chunk_size,
     check_eps,
     check_finite_denominator,
@@ -29,8 +29,8 @@ from .guards import (
     floor_denominator,
     query_positions,
 )
-from .linear_chunk import linear_chunk
-from .scan import scan
+from ..common.scan import scan
+from .chunk import linear_chunk
 
 
 def _augment(v: torch.Tensor) -> torch.Tensor:
@@ -125,7 +125,7 @@ def _recurrent(q, k, v, state, causal, exclusive):
 
 def _chunk(q, k, v, state, exclusive, chunk_size, eps):
     """The causal chunk form; unlike the others it returns o itself: the read-out (the same floor
-    and check) runs inside harness.ops.linear_chunk, chunk by chunk."""
+    and check) runs inside harness.ops.linear.chunk, chunk by chunk."""
     b, h, t, dk = q.shape
     dv = v.shape[-1]
     c = min(chunk_size, t)

@@ -1,10 +1,10 @@
 // The delta rule's chunk form, with or without a scalar decay (DeltaNet, Gated DeltaNet), fused
-// for the CPU (harness/ops/delta_chunk.py is its batched form and oracle): DeltaKernel of
+// for the CPU (harness/ops/delta/chunk.py is its batched form and oracle): DeltaKernel of
 // chunk_cpu.h.
 //
 // Per chunk (rows i of q, k, v, beta; S the state entering; b_i the log decay from the chunk start,
 // g_i = e^{b_i}, f_i = e^{b_C - b_i}, G_ij = e^{b_i - b_j} for j <= i, all 1 without decay; the
-// WY/UT form of harness/ops/delta_chunk.py):
+// WY/UT form of harness/ops/delta/chunk.py):
 //   Vt = V - (g k) S                          the values less what the entering state returns
 //   M U = diag(beta) Vt,  M = I + L,  L_ij = beta_i G_ij k_i.k_j (j < i)   (one triangular solve)
 //   o = (g q) S + P U,    P = tril((q k^T) * G)

@@ -46,8 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from . import fused_cpu
-from .segments import segsum, suffix_sum
+from .. import fused_cpu
+from ..common.segments import segsum, suffix_sum
 
 
 class Block(NamedTuple):
@@ -145,7 +145,7 @@ def block_state(k_out: torch.Tensor, end_decay: Optional[torch.Tensor], u: torch
 
 
 class DeltaChunkCPU(torch.autograd.Function):
-    """The chunk form through the fused CPU kernel (harness/ops/csrc/delta_cpu.cpp), with a
+    """The chunk form through the fused CPU kernel (harness/ops/delta/delta_cpu.cpp), with a
     hand-written backward pass: each thread walks whole sequences chunk by chunk (per chunk the
     module docstring's products, U by one triangular solve), recomputing a chunk's factors in
     the backward pass instead of saving them. q, k (M, N, C, Dk), v (M, N, C, Dv), beta and x

@@ -24,22 +24,22 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import fused_cpu
-from .chunking import chunk_blocks
-from .guards import check_finite_denominator, floor_denominator
-from .precision import autocast_off, compute_dtype
-from .prefix import scan_states
+from .. import fused_cpu
+from ..common.chunking import chunk_blocks
+from ..common.guards import check_finite_denominator, floor_denominator
+from ..common.precision import autocast_off, compute_dtype
+from ..common.prefix import scan_states
 
 
 class LinearChunk(torch.autograd.Function):
     """(q, k, v, S0, z0) -> (o, S, z) over chunked inputs.
 
     q, k: (M, N, C, Dk), v: (M, N, C, Dv), contiguous, one dtype; s0 (M, Dk, Dv) and z0
-    (M, Dk) or None. o (M, N, C, Dv) is num / floor(den) (harness.ops.guards.floor_denominator,
+    (M, Dk) or None. o (M, N, C, Dv) is num / floor(den) (harness.ops.common.guards.floor_denominator,
     the read-out of every form), or num itself when ``eps`` is None; S (M, Dk, Dv) and
     z (M, Dk) the final state. ``exclusive`` drops the diagonal of A. The states come first
     (one product over all chunks, then the scan); everything else is chunk-local and runs
-    block by block (harness.ops.chunking.chunk_blocks), the read-out included.
+    block by block (harness.ops.common.chunking.chunk_blocks), the read-out included.
     """
 
     @staticmethod
@@ -121,7 +121,7 @@ class LinearChunk(torch.autograd.Function):
 
 
 class LinearChunkCPU(torch.autograd.Function):
-    """:class:`LinearChunk` through the fused CPU kernel (harness/ops/csrc/linear_cpu.cpp): same
+    """:class:`LinearChunk` through the fused CPU kernel (harness/ops/linear/linear_cpu.cpp): same
     signature and results; A is recomputed in the backward pass instead of saved."""
 
     @staticmethod
