@@ -26,17 +26,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLoca
 from analysis import stats
 from analysis.loader import NoResultsError, load_all
 from analysis.plots.labels import MARKERS, label_runs, natural_key, shades
-
-# The reading order of the built-in mixers (softmax first, the kernel maps together); a mixer
-# keeps its colour in every figure. Colours are keyed by name, so a mixer added to the order
-# does not repaint the others.
-MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "dpfp", "retnet", "mamba", "deltanet",
-               "gated_deltanet", "swa")
-_BASE = sns.color_palette("colorblind", 10)
-_COLOR = dict(zip(("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet",
-                   "gated_deltanet", "swa"), _BASE))
-_COLOR["dpfp"] = (0.10, 0.36, 0.36)  # dark teal: apart from elu's green and swa's light blue
-_SPARE = sns.color_palette("dark", 10)  # outside mixers take these in turn
+from analysis.plots.palette import MIXER_ORDER, mixer_colors
 
 SEED, LR, WIDTH = "config.seed", "config.trainer.lr", "config.model.d_model"
 LR_EXTENDED = "lr_extended"  # a run whose rate the sweep added past its grid's edge
@@ -225,10 +215,20 @@ def mixer_order(names) -> list[str]:
     return known + sorted(names - set(known))
 
 
-def palette(names) -> dict[str, tuple]:
-    """Colour per name: known mixers keep their colour everywhere; others take the spares in turn."""
-    spare = iter(_SPARE * 3)
-    return {n: _COLOR[n] if n in _COLOR else next(spare) for n in mixer_order(names)}
+def palette(names, declared=None) -> dict[str, tuple]:
+    """Colour per mixer name, in reading order (analysis.plots.palette: one colour per mixer in
+    every figure); ``declared``: {outside mixer: the family its runs report}."""
+    colors = mixer_colors(names, declared)
+    return {n: colors[n] for n in mixer_order(names)}
+
+
+def declared_families(rows: pd.DataFrame) -> dict[str, str]:
+    """{mixer: the family its runs report (summary.family)}, for mixers the harness does not know."""
+    column = next((c for c in ("summary.family", "family") if c in rows.columns), None)
+    if column is None or "model" not in rows.columns:
+        return {}
+    pairs = rows[["model", column]].dropna().drop_duplicates("model")
+    return dict(zip(pairs["model"].astype(str), pairs[column].astype(str)))
 
 
 # --- run labels: a mixer and its variants --------------------------------------------------
@@ -250,7 +250,7 @@ def label_styles(rows: pd.DataFrame) -> tuple[dict[str, tuple], dict[str, str]]:
     """(colour, marker) per label: a mixer's colour for its runs, its variants in shades of that
     colour with a marker each, so that "dpfp ν=1" and "dpfp ν=3" read as one family."""
     order = label_order(rows)
-    base = palette(rows["model"].dropna())
+    base = palette(rows["model"].dropna(), declared_families(rows))
     model_of = dict(zip(rows["label"], rows["model"]))
     colors, markers = {}, {}
     for model in base:
