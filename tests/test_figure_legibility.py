@@ -9,7 +9,7 @@ in drawing order, so that only what a reader sees is checked.
 
 Tolerances, in pixels at DPI: two texts may touch by TEXT_TOLERANCE (the padding of a glyph
 box); a marker counts as hidden when an opaque filled marker drawn after it covers its whole
-disc, or all of it but MARKER_TOLERANCE. Markers are taken as discs of their size, which is what a
+disc, or all of it but MARKER_TOLERANCE; a hollow marker hides one of its own shape. Markers are taken as discs of their size, which is what a
 reader resolves at the figure's scale. Text at an oblique angle is checked by its upright box,
 which is larger than its glyphs: the figures set text horizontal or vertical.
 """
@@ -164,6 +164,12 @@ def _markers(artist, fig):
     return _inside(xy, radius, artist, filled)
 
 
+def _shape(artist):
+    if isinstance(artist, Line2D):
+        return artist.get_marker()
+    return tuple(map(tuple, np.round(artist.get_paths()[0].vertices, 3))) if artist.get_paths() else None
+
+
 def _inside(xy, radius, artist, filled):
     keep = np.isfinite(xy).all(axis=1)
     axes = artist.axes
@@ -196,7 +202,10 @@ def hidden_markers(markers, tolerance=MARKER_TOLERANCE):
     found = []
     for i, (artist, xy, radius, _filled) in enumerate(markers):
         for other, xy_o, radius_o, filled_o in markers[i + 1:]:
-            if not filled_o or other.axes is not artist.axes:
+            if other.axes is not artist.axes:
+                continue
+            # a hollow marker hides only one of its own shape under it (its outline on the other's)
+            if not filled_o and _shape(other) != _shape(artist):
                 continue
             distance = np.linalg.norm(xy[:, None, :] - xy_o[None, :, :], axis=2)
             covered = (distance + radius[:, None] <= radius_o[None, :] + tolerance).any(axis=1)

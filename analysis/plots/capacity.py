@@ -276,11 +276,10 @@ def _draw_table(ax, frame: pd.DataFrame) -> None:
               "≥ tested" if r["n50_per_n"] == np.inf else (f"{r['n50_per_n']:.0f}" if np.isfinite(r["n50_per_n"]) else "—"),
               str(r[f"schlag_keys_at_d{SCHLAG_D_KEY}"]) or "—", r["schlag_keys_scaled"] or "—"] for _, r in frame.iterrows()]
     tab = ax.table(cellText=cells, colLabels=["mixer", "d_head", "N50 here", f"Schlag et al., d = {SCHLAG_D_KEY}",
-                                              "Schlag x d_head/64"], loc="center", cellLoc="left",
-                   colWidths=[0.2, 0.08, 0.1, 0.46, 0.16])
+                                              "Schlag x d_head/64"], bbox=[0, 0, 1, 1], cellLoc="left",
+                   colWidths=[0.2, 0.08, 0.1, 0.46, 0.16])  # the whole axes: never up into its title
     tab.auto_set_font_size(False)
-    tab.set_fontsize(6)
-    tab.scale(1.0, 1.2)
+    tab.set_fontsize(6 if len(cells) <= 12 else 5)
     ax.set_title("break points beside Schlag et al. (2021)\n(keys at 50% recall; scaled to d_head)", fontsize="small")
 
 

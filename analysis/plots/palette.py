@@ -32,6 +32,9 @@ FAMILY_SWATCHES = {
     "delta": ("#6A3D9A", "#CC79A7", "#C2A5CF"),
 }
 NEUTRAL = ("#4D4D4D", "#999999", "#7F7F00", "#000000")  # mixers of no known family, in turn
+# Each mixer's marker, by its place in the reading order: a second cue beside colour, and two
+# mixers at one point stay told apart where one is drawn hollow over the other.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*")
 
 
 @functools.cache
@@ -65,6 +68,13 @@ def mixer_colors(names: Iterable[str], declared: Mapping[str, str] | None = None
         else:
             out[name] = to_rgb(next(neutral))
     return out
+
+
+def mixer_markers(names: Iterable[str]) -> dict[str, str]:
+    """{name: marker}: built-ins by their place in MIXER_ORDER, other names after them in turn."""
+    names = sorted(set(pd.Series(list(names)).dropna().astype(str)), key=_reading_rank)
+    others = iter(range(len(MIXER_ORDER), len(MIXER_ORDER) + len(names)))
+    return {n: MARKERS[(MIXER_ORDER.index(n) if n in MIXER_ORDER else next(others)) % len(MARKERS)] for n in names}
 
 
 def _builtin_members(family: str) -> list[str]:
