@@ -252,7 +252,8 @@ def _draw_break_points(ax, half: pd.DataFrame, fits: pd.DataFrame, colors, marke
         if not np.isfinite(x) or np.isnan(y):
             continue
         holds = not np.isfinite(y)  # never fell to 50%: a lower bound at the largest N tested
-        ax.scatter([x], [n_max if holds else y], s=36, marker="^" if holds else markers[row["label"]],
+        # a lower bound: the mixer's own marker, hollow (two mixers holding at one state size stay apart)
+        ax.scatter([x], [n_max if holds else y], s=36, marker=markers[row["label"]],
                    facecolors="none" if holds else colors[row["label"]], edgecolors=colors[row["label"]], zorder=3)
         for s in stats.seed_values(row):
             ax.scatter([x], [s], s=8, color=colors[row["label"]], alpha=0.4, linewidths=0)
@@ -341,8 +342,8 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     _draw_table(tab_ax, schlag)
 
     extra = {"predicted out of sample (dashed)": Line2D([], [], color="0.3", ls="--"),
-             "holds past the largest N (lower bound)": Line2D([], [], color="0.3", marker="^", ls="",
-                                                              markerfacecolor="none")}
+             "hollow: holds past the largest N (lower bound)": Line2D([], [], color="0.3", marker="o", ls="",
+                                                                     markerfacecolor="none")}
     extra.update({label: handle for handle, label in fit_handles})
     handles = [Line2D([], [], color=colors[lab], marker=markers[lab]) for lab in order]
     legend_outside(fig, None, handles + list(extra.values()), order + list(extra))

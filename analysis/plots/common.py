@@ -26,7 +26,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLoca
 from analysis import stats
 from analysis.loader import NoResultsError, load_all
 from analysis.plots.labels import label_runs, natural_key, shades
-from analysis.plots.palette import MARKERS, MIXER_ORDER, mixer_colors, mixer_markers
+from analysis.plots.palette import FAMILY_SWATCHES, MARKERS, MIXER_ORDER, family_of, mixer_colors, mixer_markers
 
 SEED, LR, WIDTH = "config.seed", "config.trainer.lr", "config.model.d_model"
 LR_EXTENDED = "lr_extended"  # a run whose rate the sweep added past its grid's edge
@@ -280,6 +280,23 @@ def label_styles(rows: pd.DataFrame) -> tuple[dict[str, tuple], dict[str, str]]:
     return {lab: colors[lab] for lab in order}, {lab: markers[lab] for lab in order}
 
 
+SMALL_MULTIPLES = 6  # curves one panel carries; past it, a panel per family of mixers
+
+
+def family_groups(rows: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    """[(family, its labels in reading order)]: the labels of ``rows`` split by their mixer's
+    family (softmax, linear, decay, delta, then others) when more than SMALL_MULTIPLES share
+    the axes, so that a dashed line can be matched to its mixer; else one group ("", all)."""
+    order = label_order(rows)
+    if len(order) <= SMALL_MULTIPLES:
+        return [("", order)]
+    declared = declared_families(rows)
+    model_of = dict(zip(rows["label"], rows["model"]))
+    family = {lab: family_of(model_of[lab], declared) for lab in order}
+    known = [f for f in FAMILY_SWATCHES if f in family.values()]
+    return [(f, [lab for lab in order if family[lab] == f]) for f in known + sorted(set(family.values()) - set(known))]
+
+
 # --- drawing the seeds, the mean and the interval ------------------------------------------
 
 DODGE = 0.012  # each curve's shift along x, as a fraction of the x range drawn (see draw_estimates)
@@ -373,7 +390,7 @@ def _wrap_ylabels(fig: Figure) -> None:
         if not label or spec is None:
             continue
         rows = spec.get_gridspec().nrows
-        chars = max(12, int(fig.get_figheight() / rows * 11))  # characters of axis-label text per panel height
+        chars = max(12, int(fig.get_figheight() / rows * 8.5))  # characters of axis-label text per panel height
         if len(label) > chars:
             ax.set_ylabel("\n".join(textwrap.wrap(label, chars)))
 

@@ -70,6 +70,11 @@ def mixer_colors(names: Iterable[str], declared: Mapping[str, str] | None = None
     return out
 
 
+def family_of(name: str, declared: Mapping[str, str] | None = None) -> str:
+    """A mixer's family: its class's, else what its runs declare, else "other"."""
+    return builtin_family(str(name)) or (declared or {}).get(str(name)) or "other"
+
+
 def mixer_markers(names: Iterable[str]) -> dict[str, str]:
     """{name: marker}: built-ins by their place in MIXER_ORDER, other names after them in turn."""
     names = sorted(set(pd.Series(list(names)).dropna().astype(str)), key=_reading_rank)
