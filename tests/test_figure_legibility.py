@@ -9,9 +9,11 @@ in drawing order, so that only what a reader sees is checked.
 
 Tolerances, in pixels at DPI: two texts may touch by TEXT_TOLERANCE (the padding of a glyph
 box); a marker counts as hidden when an opaque filled marker drawn after it covers its whole
-disc, or all of it but MARKER_TOLERANCE; a hollow marker hides one of its own shape. Markers are taken as discs of their size, which is what a
-reader resolves at the figure's scale. Text at an oblique angle is checked by its upright box,
-which is larger than its glyphs: the figures set text horizontal or vertical.
+disc, or all of it but MARKER_TOLERANCE; a hollow marker hides one of its own shape under it.
+Markers are taken as discs of their size, which is what a reader resolves at the figure's scale.
+Text at an oblique angle is checked by its upright box, which is larger than its glyphs: the
+figures set text horizontal or vertical. See-through dots (each seed's value, drawn to show
+through) and error-bar caps are not markers here.
 """
 from __future__ import annotations
 
