@@ -110,7 +110,7 @@ def _draw(ax, summary: pd.DataFrame, colors: dict, markers: dict, title: str) ->
     # a label at each point piles up where mixers share a state size: one note names the settings
     settings = sorted(summary["setting"].dropna().astype(str).unique(), key=natural_key)
     if len(settings) > 1:
-        note(ax, "a mixer's points, joined left to right: " + ", ".join(settings), loc="upper right")
+        note(ax, "a mixer's points, joined left to right: " + ", ".join(settings), loc="lower right")
     ax.set_xscale("log", base=2)
     ax.set(ylim=(-0.02, 1.05), xlabel="state per layer (elements; softmax, swa: KV cache at the length)",
            ylabel="MQAR recall accuracy (fraction)", title=title)
