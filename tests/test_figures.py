@@ -136,8 +136,10 @@ def test_capacity_follows_schlags_protocol_and_extrapolates_from_the_reference_n
 
     colors, _ = label_styles(pd.DataFrame({"model": [make_results.CAPACITY[lab][0] for lab in labels[:8]],
                                            "label": labels[:8]}))
-    np.testing.assert_allclose(_lines(protocol, colors["elu"])[0].get_xdata(), make_results.CAPACITY_TRAIN_N)
-    np.testing.assert_allclose(_lines(extrapolation, colors["elu"])[0].get_xdata(), make_results.CAPACITY_TEST_N)
+    # each mixer's curve sits a small step along x from the others' (common.DODGE): by a common factor
+    for ax, n in ((protocol, make_results.CAPACITY_TRAIN_N), (extrapolation, make_results.CAPACITY_TEST_N)):
+        shift = _lines(ax, colors["elu"])[0].get_xdata() / np.asarray(n, float)
+        assert np.allclose(shift, shift[0]) and abs(np.log(shift[0])) < 0.2
     assert _lines(extrapolation, colors["elu"], "--"), "the out-of-sample prediction"
     proto = fig.tables["capacity_protocol"].set_index(["label", "num_pairs"])
     assert (proto["n"] == 5).all() and (proto["interval_method"] == stats.METHOD).all()
@@ -233,9 +235,23 @@ def test_mqar_at_zoologys_settings_with_a_paired_width_trend(drawn, frames):
     chosen = per_lr[per_lr["chosen"]].set_index("label")
     assert chosen.loc["elu", "lr_at_edge"].all() and not chosen.loc["mamba", "lr_at_edge"].any()
     assert per_lr.loc[per_lr["lr_extended"], "config.trainer.lr"].eq(3e-2).all() and per_lr["lr_extended"].any()
-    heat = _visible(fig)["every learning rate\n(mean val. accuracy; red: chosen,\ndashed with ▸: chosen at the grid's edge)"]
+    heat = next(ax for title, ax in _visible(fig).items() if title.startswith("every learning rate"))
     dashed = [p for p in heat.patches if p.get_linestyle() == "--"]
     assert len(dashed) == 2 * 3 * 2                                 # elu and softmax, every width and setting
+    # mamba's rates extended past the grid: every setting tried three, the chosen one outlined solid
+    assert len([p for p in heat.patches if p.get_linestyle() == "-"]) == 2 * 3
+
+
+def test_a_heatmap_outlines_nothing_where_one_rate_was_tried():
+    from matplotlib.figure import Figure
+
+    from analysis.plots.common import lr_heatmap
+
+    table = pd.DataFrame({"label": ["softmax", "elu"], "config.trainer.lr": [1e-3, 1e-3], "val_score": [0.9, 0.5],
+                          "chosen": [True, True], "lr_at_edge": [True, True], "selected_on": ["validation"] * 2})
+    ax = Figure().subplots()
+    lr_heatmap(ax, table, [], ["softmax", "elu"], title="every learning rate")
+    assert not ax.patches and "one rate per setting: none chosen" in ax.get_title()
 
 
 def test_width_trend_is_a_paired_test_across_seeds():
@@ -293,7 +309,9 @@ def test_sharpness_falls_back_to_run_summaries(frames):
 
 def test_learning_curves_and_the_steps_to_09(drawn):
     fig = drawn["learning"]
-    assert set(_visible(fig)) >= {"task recall", "task interference, trained at N = 16"}
+    # more mixers than one panel carries: a row of panels per family, each task a column
+    assert set(_visible(fig)) >= {f"{task}\n{family} family" for task in ("task recall", "task interference, trained at N = 16")
+                                  for family in ("softmax", "linear", "delta")}
     steps = fig.tables["learning_steps"].set_index(["panel", "label"])
     softmax = steps.loc[("task recall", "softmax")]
     assert softmax["n"] == 5 and isinstance(softmax["mean"], float) and softmax["seed_0"] == 100

@@ -103,5 +103,8 @@ def attention_figure(data, models=MODELS, trust_code: bool = False) -> Figure:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", fontsize="small", frameon=False)
     fig.colorbar(im, ax=axes, shrink=0.8, label="weight a_ij / sum_j |a_ij| (log)")
-    fig.suptitle("Sharp against smeared: effective attention on one recall example", fontsize="medium")
+    fig.suptitle("Sharp against smeared: effective attention on one recall example", x=0.01, ha="left",
+                 fontsize="medium")
+    for ax in axes:  # a square image in a taller box sits at its foot, its title below the figure's
+        ax.set_anchor("S")
     return fig

@@ -252,7 +252,8 @@ def _draw_break_points(ax, half: pd.DataFrame, fits: pd.DataFrame, colors, marke
         if not np.isfinite(x) or np.isnan(y):
             continue
         holds = not np.isfinite(y)  # never fell to 50%: a lower bound at the largest N tested
-        ax.scatter([x], [n_max if holds else y], s=36, marker="^" if holds else markers[row["label"]],
+        # a lower bound: the mixer's own marker, hollow (two mixers holding at one state size stay apart)
+        ax.scatter([x], [n_max if holds else y], s=36, marker=markers[row["label"]],
                    facecolors="none" if holds else colors[row["label"]], edgecolors=colors[row["label"]], zorder=3)
         for s in stats.seed_values(row):
             ax.scatter([x], [s], s=8, color=colors[row["label"]], alpha=0.4, linewidths=0)
@@ -276,11 +277,10 @@ def _draw_table(ax, frame: pd.DataFrame) -> None:
               "≥ tested" if r["n50_per_n"] == np.inf else (f"{r['n50_per_n']:.0f}" if np.isfinite(r["n50_per_n"]) else "—"),
               str(r[f"schlag_keys_at_d{SCHLAG_D_KEY}"]) or "—", r["schlag_keys_scaled"] or "—"] for _, r in frame.iterrows()]
     tab = ax.table(cellText=cells, colLabels=["mixer", "d_head", "N50 here", f"Schlag et al., d = {SCHLAG_D_KEY}",
-                                              "Schlag x d_head/64"], loc="center", cellLoc="left",
-                   colWidths=[0.2, 0.08, 0.1, 0.46, 0.16])
+                                              "Schlag x d_head/64"], bbox=[0, 0, 1, 1], cellLoc="left",
+                   colWidths=[0.2, 0.08, 0.1, 0.46, 0.16])  # the whole axes: never up into its title
     tab.auto_set_font_size(False)
-    tab.set_fontsize(6)
-    tab.scale(1.0, 1.2)
+    tab.set_fontsize(6 if len(cells) <= 12 else 5)
     ax.set_title("break points beside Schlag et al. (2021)\n(keys at 50% recall; scaled to d_head)", fontsize="small")
 
 
@@ -342,8 +342,8 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     _draw_table(tab_ax, schlag)
 
     extra = {"predicted out of sample (dashed)": Line2D([], [], color="0.3", ls="--"),
-             "holds past the largest N (lower bound)": Line2D([], [], color="0.3", marker="^", ls="",
-                                                              markerfacecolor="none")}
+             "hollow: holds past the largest N (lower bound)": Line2D([], [], color="0.3", marker="o", ls="",
+                                                                     markerfacecolor="none")}
     extra.update({label: handle for handle, label in fit_handles})
     handles = [Line2D([], [], color=colors[lab], marker=markers[lab]) for lab in order]
     legend_outside(fig, None, handles + list(extra.values()), order + list(extra))

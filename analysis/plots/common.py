@@ -25,18 +25,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLoca
 
 from analysis import stats
 from analysis.loader import NoResultsError, load_all
-from analysis.plots.labels import MARKERS, label_runs, natural_key, shades
-
-# The reading order of the built-in mixers (softmax first, the kernel maps together); a mixer
-# keeps its colour in every figure. Colours are keyed by name, so a mixer added to the order
-# does not repaint the others.
-MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "dpfp", "retnet", "mamba", "deltanet",
-               "gated_deltanet", "swa")
-_BASE = sns.color_palette("colorblind", 10)
-_COLOR = dict(zip(("softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba", "deltanet",
-                   "gated_deltanet", "swa"), _BASE))
-_COLOR["dpfp"] = (0.10, 0.36, 0.36)  # dark teal: apart from elu's green and swa's light blue
-_SPARE = sns.color_palette("dark", 10)  # outside mixers take these in turn
+from analysis.plots.labels import label_runs, natural_key, shades
+from analysis.plots.palette import FAMILY_SWATCHES, MARKERS, MIXER_ORDER, family_of, mixer_colors, mixer_markers
 
 SEED, LR, WIDTH = "config.seed", "config.trainer.lr", "config.model.d_model"
 LR_EXTENDED = "lr_extended"  # a run whose rate the sweep added past its grid's edge
@@ -184,33 +174,50 @@ def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "a
 def lr_heatmap(ax, table: pd.DataFrame, columns: list[str], order: list[str], *, title: str,
                row: str = "label") -> None:
     """Mean validation score per mixer (rows: ``row``, the run label) and learning rate (columns,
-    with ``columns`` before it): the chosen rates outlined in red, dashed where the chosen rate
-    sits at the edge of the rates tried (lr_at_edge). Every learning rate's result kept."""
+    with ``columns`` before it). Where a setting tried more than one rate, the chosen one is
+    outlined in red, dashed with ▸ where it sits at the edge of the rates tried (lr_at_edge);
+    a setting with one rate chose nothing and has no outline. Every learning rate's result kept."""
     row = row if row in table.columns else "model"
     cols = [c for c in columns if c in table.columns] + [LR]
     grid = table.groupby([row] + cols, dropna=False)["val_score"].mean().unstack(cols)
     grid = grid.reindex([m for m in order if m in grid.index])
     labels = [", ".join(_short(c, v) for c, v in zip(cols, key if isinstance(key, tuple) else (key,)))
               for key in grid.columns]
+    small = "xx-small" if grid.shape[0] > 8 or grid.shape[1] > 8 else "x-small"
     sns.heatmap(grid, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis", cbar=False,
-                annot_kws={"fontsize": "x-small"}, xticklabels=labels, ax=ax)
+                annot_kws={"fontsize": small}, xticklabels=labels, ax=ax)
     share = table.groupby([row] + cols, dropna=False)["chosen"].mean().unstack(cols)
     share = share.reindex(grid.index)[grid.columns]
     edge = table.groupby([row] + cols, dropna=False)["lr_at_edge"].any().unstack(cols) \
         if "lr_at_edge" in table.columns else share * 0
     edge = edge.reindex(grid.index)[grid.columns].fillna(False)
+    rates = table.groupby([row] + cols[:-1], dropna=False)[LR].nunique() if cols[:-1] else \
+        table.groupby(row, dropna=False)[LR].nunique()
+    tried = [[_rates_tried(rates, name, key, len(cols) - 1) for key in grid.columns] for name in grid.index]
     for i in range(share.shape[0]):
         for j in range(share.shape[1]):
-            if share.iat[i, j] > 0:  # chosen (for some of the points in this cell)
+            if share.iat[i, j] > 0 and tried[i][j] > 1:  # chosen among rates (for some points in this cell)
                 ax.add_patch(Rectangle((j + 0.04, i + 0.06), 0.92, 0.88, fill=False, edgecolor="red",
                                        lw=0.6 + 1.6 * share.iat[i, j], ls="--" if edge.iat[i, j] else "-"))
-            if edge.iat[i, j]:
-                ax.plot(j + 0.85, i + 0.2, marker=">", color="red", ms=3.5)
+                if edge.iat[i, j]:
+                    ax.plot(j + 0.85, i + 0.2, marker=">", color="red", ms=3.5)
     on = table["selected_on"].iat[0] if "selected_on" in table.columns and len(table) else "validation"
+    chose = any(t > 1 for r in tried for t in r)
+    legend = "red: chosen, dashed with ▸: at the grid's edge" if chose else "one rate per setting: none chosen"
     ax.set(xlabel="learning rate (per setting)", ylabel="mixer (run label)",
-           title=f"{title}\n(mean {on.split()[0][:3]}. accuracy; red: chosen,\ndashed with ▸: chosen at the grid's edge)")
-    ax.tick_params(axis="x", labelrotation=45, labelsize="x-small")
-    ax.tick_params(axis="y", labelrotation=0)
+           title=f"{title}\n(mean {on.split()[0][:3]}. accuracy;\n{legend})")
+    ax.tick_params(axis="x", labelrotation=90, labelsize=small)
+    ax.tick_params(axis="y", labelrotation=0, labelsize=small)
+
+
+def _rates_tried(rates: pd.Series, name, key, depth: int) -> int:
+    """How many rates the setting of heatmap cell (``name``, ``key``) tried."""
+    key = key if isinstance(key, tuple) else (key,)
+    at = (name, *key[:depth]) if depth else name
+    try:
+        return int(rates.loc[at])
+    except KeyError:
+        return 0
 
 
 def _short(column: str, value) -> str:
@@ -225,10 +232,20 @@ def mixer_order(names) -> list[str]:
     return known + sorted(names - set(known))
 
 
-def palette(names) -> dict[str, tuple]:
-    """Colour per name: known mixers keep their colour everywhere; others take the spares in turn."""
-    spare = iter(_SPARE * 3)
-    return {n: _COLOR[n] if n in _COLOR else next(spare) for n in mixer_order(names)}
+def palette(names, declared=None) -> dict[str, tuple]:
+    """Colour per mixer name, in reading order (analysis.plots.palette: one colour per mixer in
+    every figure); ``declared``: {outside mixer: the family its runs report}."""
+    colors = mixer_colors(names, declared)
+    return {n: colors[n] for n in mixer_order(names)}
+
+
+def declared_families(rows: pd.DataFrame) -> dict[str, str]:
+    """{mixer: the family its runs report (summary.family)}, for mixers the harness does not know."""
+    column = next((c for c in ("summary.family", "family") if c in rows.columns), None)
+    if column is None or "model" not in rows.columns:
+        return {}
+    pairs = rows[["model", column]].dropna().drop_duplicates("model")
+    return dict(zip(pairs["model"].astype(str), pairs[column].astype(str)))
 
 
 # --- run labels: a mixer and its variants --------------------------------------------------
@@ -247,34 +264,58 @@ def label_order(rows: pd.DataFrame) -> list[str]:
 
 
 def label_styles(rows: pd.DataFrame) -> tuple[dict[str, tuple], dict[str, str]]:
-    """(colour, marker) per label: a mixer's colour for its runs, its variants in shades of that
-    colour with a marker each, so that "dpfp ν=1" and "dpfp ν=3" read as one family."""
+    """(colour, marker) per label: a mixer's colour and marker (analysis.plots.palette) for its
+    runs, its variants in shades of that colour with the markers after its own, so that "dpfp
+    ν=1" and "dpfp ν=3" read as one family and apart."""
     order = label_order(rows)
-    base = palette(rows["model"].dropna())
+    base = palette(rows["model"].dropna(), declared_families(rows))
+    shapes = mixer_markers(base)
     model_of = dict(zip(rows["label"], rows["model"]))
     colors, markers = {}, {}
     for model in base:
         own = [lab for lab in order if model_of.get(lab) == model]
+        first = MARKERS.index(shapes[model])
         for k, (lab, color) in enumerate(zip(own, shades(base[model], len(own)))):
-            colors[lab], markers[lab] = color, MARKERS[k % len(MARKERS)]
+            colors[lab], markers[lab] = color, MARKERS[(first + k) % len(MARKERS)]
     return {lab: colors[lab] for lab in order}, {lab: markers[lab] for lab in order}
+
+
+SMALL_MULTIPLES = 6  # curves one panel carries; past it, a panel per family of mixers
+
+
+def family_groups(rows: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    """[(family, its labels in reading order)]: the labels of ``rows`` split by their mixer's
+    family (softmax, linear, decay, delta, then others) when more than SMALL_MULTIPLES share
+    the axes, so that a dashed line can be matched to its mixer; else one group ("", all)."""
+    order = label_order(rows)
+    if len(order) <= SMALL_MULTIPLES:
+        return [("", order)]
+    declared = declared_families(rows)
+    model_of = dict(zip(rows["label"], rows["model"]))
+    family = {lab: family_of(model_of[lab], declared) for lab in order}
+    known = [f for f in FAMILY_SWATCHES if f in family.values()]
+    return [(f, [lab for lab in order if family[lab] == f]) for f in known + sorted(set(family.values()) - set(known))]
 
 
 # --- drawing the seeds, the mean and the interval ------------------------------------------
 
+DODGE = 0.012  # each curve's shift along x, as a fraction of the x range drawn (see draw_estimates)
+
+
 def draw_estimates(ax, summary: pd.DataFrame, x: str, colors: dict, markers: dict | None = None, *,
                    key: str = "label", ls="-", lw: float = 1.4, log_x: bool = False, spread: float = 0.06,
-                   connect: bool = True) -> None:
+                   connect: bool = True, dodge: float = DODGE) -> None:
     """One line per ``key`` through its points' means (analysis.stats.summarize rows), each
     seed's value as a small dot beside the point, and the interval as error bars only where the
-    point has one (n >= MIN_SEEDS)."""
+    point has one (n >= MIN_SEEDS). Each ``key`` is shifted along x by its own small step (``dodge``,
+    a fraction of the x range; on a log axis, of its decades), so that mixers scoring alike at one
+    point sit side by side rather than one hidden under the other."""
     markers = markers or {}
-    for lab in colors:
+    drawn = [lab for lab in colors if (summary[key] == lab).any()]
+    for k, lab in enumerate(drawn):
         grp = summary[summary[key] == lab].sort_values(x)
-        if grp.empty:
-            continue
         color, marker = colors[lab], markers.get(lab, "o")
-        xs = grp[x].to_numpy(float)
+        xs = _dodged(grp[x].to_numpy(float), summary[x].to_numpy(float), (k - (len(drawn) - 1) / 2) * dodge, log_x)
         seeds = grp[[c for c in grp.columns if str(c).startswith("seed_")]].to_numpy(float)  # (points, seeds)
         if seeds.size:
             offsets = np.linspace(-spread, spread, seeds.shape[1]) if seeds.shape[1] > 1 else np.zeros(1)
@@ -283,10 +324,21 @@ def draw_estimates(ax, summary: pd.DataFrame, x: str, colors: dict, markers: dic
             ax.scatter(at[keep], seeds[keep], s=7, color=color, alpha=0.45, marker=marker, linewidths=0, zorder=2)
         ax.plot(xs, grp["mean"], color=color, marker=marker, ms=4, lw=lw if connect else 0,
                 ls=ls if connect else "", label=lab, zorder=3)
-        have = grp[np.isfinite(grp["low"].astype(float))]
-        if len(have):
-            ax.errorbar(have[x].astype(float), have["mean"], yerr=[have["mean"] - have["low"], have["high"] - have["mean"]],
+        have = np.isfinite(grp["low"].astype(float)).to_numpy()
+        if have.any():
+            mean, low, high = (grp[c].to_numpy(float)[have] for c in ("mean", "low", "high"))
+            ax.errorbar(xs[have], mean, yerr=[mean - low, high - mean],
                         fmt="none", ecolor=color, elinewidth=1.0, capsize=2.5, zorder=3)
+
+
+def _dodged(xs: np.ndarray, every: np.ndarray, step: float, log_x: bool) -> np.ndarray:
+    """``xs`` shifted by ``step`` of the range of ``every`` (in log space on a log axis)."""
+    every = every[np.isfinite(every) & ((every > 0) if log_x else True)]
+    if not step or every.size == 0:
+        return xs
+    if log_x:
+        return xs * np.exp(step * (np.ptp(np.log(every)) or 1.0))
+    return xs + step * (np.ptp(every) or 1.0)
 
 
 def draw_bars(ax, summary: pd.DataFrame, order: list[str], colors: dict, *, key: str = "label",
@@ -308,7 +360,9 @@ def draw_bars(ax, summary: pd.DataFrame, order: list[str], colors: dict, *, key:
         if np.isfinite(point["low"]):
             ax.errorbar(i + offset, point["mean"], yerr=[[point["mean"] - point["low"]], [point["high"] - point["mean"]]],
                         fmt="none", ecolor="0.1", elinewidth=1.0, capsize=3, zorder=4)
-    ax.set_xticks(range(len(order)), order)
+    # upright names run into each other past a few mixers: vertical ones never do
+    ax.set_xticks(range(len(order)), order, rotation=90 if len(order) > 4 else 0,
+                  fontsize="x-small" if len(order) > 8 else None)
 
 
 def caption(fig: Figure, title: str, *summaries: pd.DataFrame, extra: str = "", legend: float = 2.6) -> str:
@@ -316,13 +370,29 @@ def caption(fig: Figure, title: str, *summaries: pd.DataFrame, extra: str = "", 
     point and the interval's method (analysis.stats.caption), then ``extra`` (what each axis is
     computed from); returns them (also ``fig.caption``). ``legend``: the inches on the right
     the figure legend takes, which the text stays clear of."""
+    _wrap_ylabels(fig)
     parts = [s for s in summaries if s is not None and len(s)]
     line = stats.caption(pd.concat(parts, ignore_index=True) if parts else None)
     text = f"{line}. {extra[:1].upper()}{extra[1:]}" if extra else line
     width = max(50, int(12 * (fig.get_figwidth() - legend)))  # characters of 'small' text per line
-    fig.suptitle("\n".join([title, *textwrap.wrap(text, width)]), x=0.01, ha="left", fontsize="small")
+    fig.suptitle("\n".join([*textwrap.wrap(title, width), *textwrap.wrap(text, width)]), x=0.01, ha="left",
+                 fontsize="small")
     fig.caption = text
     return text
+
+
+def _wrap_ylabels(fig: Figure) -> None:
+    """Break a y label longer than its panel is tall into lines: a label that overruns the panel
+    runs into the caption above it."""
+    for ax in fig.axes:
+        label = ax.get_ylabel()
+        spec = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
+        if not label or spec is None:
+            continue
+        rows = spec.get_gridspec().nrows
+        chars = max(12, int(fig.get_figheight() / rows * 8.5))  # characters of axis-label text per panel height
+        if len(label) > chars:
+            ax.set_ylabel("\n".join(textwrap.wrap(label, chars)))
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(4.2, 3.2), legend: float = 0.0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -65,6 +66,17 @@ def cost_slopes(rows: pd.DataFrame) -> pd.DataFrame:
 FORM_STYLES = {"parallel": ("o", ""), "chunk": ("s", (1, 1)), "recurrent": ("X", (4, 1.5))}
 
 
+def _nest_markers(ax, colors: dict) -> None:
+    """Each family's markers a size smaller than the one drawn before it: where two families'
+    times coincide, the later sits inside the earlier instead of over it."""
+    for line in ax.lines:
+        if line.get_marker() in (None, "None", ""):
+            continue
+        for k, color in enumerate(colors.values()):
+            if np.allclose(to_rgb(line.get_color()), color[:3]):
+                line.set_markersize(7.0 - 1.5 * min(k, 3))
+
+
 @figure("cost")
 def cost_figure(data) -> Figure:
     """Time against sequence length per family and form, one panel per pass, log-log,
@@ -85,6 +97,7 @@ def cost_figure(data) -> Figure:
         sns.lineplot(part, x="seq_len", y="time_s", hue="family", hue_order=list(colors),
                      palette=colors, style="form", style_order=forms, markers=markers, dashes=dashes,
                      errorbar=None, ax=ax)
+        _nest_markers(ax, colors)
         x0 = float(part["seq_len"].min())
         y0 = float(part.loc[part["seq_len"] == x0, "time_s"].median())
         x = np.geomspace(x0, float(part["seq_len"].max()), 20)

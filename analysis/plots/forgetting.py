@@ -73,7 +73,7 @@ def forgetting_figure(data) -> Figure:
     for offset, kind in ((-0.2, KIND[0]), (0.2, KIND[1])):
         draw_bars(left, per_kind[per_kind["key"] == kind], order, colors, offset=offset, width=0.4,
                   color_of=lambda _lab, kind=kind: shade[kind], label=kind)
-    left.tick_params(axis="x", labelrotation=30)
+    left.tick_params(axis="x", labelrotation=90)
     left.set(ylim=(0, 1.05), xlabel="mixer", ylabel="recall accuracy (fraction of queries)",
              title="Overwritten against untouched keys")
     by_age = pd.DataFrame()

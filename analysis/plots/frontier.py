@@ -24,6 +24,7 @@ from analysis import stats
 from analysis.plots.common import (LR, caption, draw_estimates, figure, label_styles, labelled, legend_outside,
                                    mixer_handles, new_figure, note, require, select_on_validation, setting_values,
                                    table)
+from analysis.plots.labels import natural_key
 from harness.devices import format_bytes
 
 WIDTH, QK, LAYERS = "config.model.d_model", "config.model.qk_dim", "config.model.n_layers"
@@ -106,9 +107,10 @@ def _mixture(runs: pd.DataFrame) -> str:
 
 def _draw(ax, summary: pd.DataFrame, colors: dict, markers: dict, title: str) -> None:
     draw_estimates(ax, summary, STATE, colors, markers, log_x=True, spread=0.03)
-    for _, p in summary.iterrows():
-        ax.annotate(p["setting"], (p[STATE], p["mean"]), fontsize=5, color=colors[p["label"]],
-                    xytext=(2, 2), textcoords="offset points")
+    # a label at each point piles up where mixers share a state size: one note names the settings
+    settings = sorted(summary["setting"].dropna().astype(str).unique(), key=natural_key)
+    if len(settings) > 1:
+        note(ax, "a mixer's points, joined left to right: " + ", ".join(settings), loc="lower right")
     ax.set_xscale("log", base=2)
     ax.set(ylim=(-0.02, 1.05), xlabel="state per layer (elements; softmax, swa: KV cache at the length)",
            ylabel="MQAR recall accuracy (fraction)", title=title)

@@ -61,7 +61,7 @@ def induction_figure(data) -> Figure:
         per_mixer = stats.summarize(runs, ["label"], "summary.accuracy")
         draw_bars(left, per_mixer, order, colors)
         left.axhline(0.9, color="0.5", lw=0.8, ls=":")
-        left.tick_params(axis="x", labelrotation=30)
+        left.tick_params(axis="x", labelrotation=90)
     left.set(ylim=(0, 1.05), xlabel="mixer", ylabel="induction accuracy (fraction)",
              title="Induction accuracy per mixer")
 

@@ -23,7 +23,6 @@ LABEL = "label"
 # How an option reads in a label once the mixer's own name is stripped from its key
 # (model.dpfp_nu -> nu): the papers' symbols. Any other option reads as key=value.
 SYMBOLS = {"nu": "ν", "features": "m"}
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 
 
 def variant_columns(runs: pd.DataFrame, exclude=(WIDTH,)) -> dict[tuple[str, str], list[str]]:

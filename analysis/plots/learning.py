@@ -25,7 +25,7 @@ from matplotlib.lines import Line2D
 
 from analysis import stats
 from analysis.plots.capacity import reference_n
-from analysis.plots.common import (MissingData, caption, figure, label_order, label_styles, labelled,
+from analysis.plots.common import (MissingData, caption, family_groups, figure, label_order, label_styles, labelled,
                                    legend_outside, mixer_handles, new_figure, select_on_validation, table)
 
 THRESHOLD = 0.9
@@ -116,15 +116,17 @@ def learning_figure(data) -> Figure:
     """Validation accuracy against step per mixer: every seed, the mean, the stops; a panel per task."""
     rows = learning_rows(data)
     panels = list(dict.fromkeys(rows["panel"]))
-    fig, axes = new_figure(1, len(panels), panel=(4.6, 3.4), legend=2.2, sharey=True)
+    groups = family_groups(rows)  # a row of panels per family once the mixers crowd one panel
+    fig, axes = new_figure(len(groups), len(panels), panel=(4.6, 3.4 if len(groups) == 1 else 2.6), legend=2.2,
+                           sharey=True)
     filled = carried_forward(rows)
     summary = stats.summarize(filled, ["panel", "label", "step"], "accuracy")
     styles = {}
-    for ax, panel in zip(axes, panels):
+    for ax, (family, shown), panel in zip(axes, [g for g in groups for _ in panels], panels * len(groups)):
         part = rows[rows["panel"] == panel]
-        colors, markers = label_styles(part)
+        colors, _ = label_styles(part)
         styles.update(colors)
-        for label in label_order(part):
+        for label in [lab for lab in label_order(part) if lab in shown]:
             color = colors[label]
             for _, run in part[part["label"] == label].groupby("run_dir"):
                 run = run.sort_values("step")
@@ -140,7 +142,8 @@ def learning_figure(data) -> Figure:
                                 alpha=0.15, linewidth=0)
         ax.axhline(THRESHOLD, color="0.5", lw=0.8, ls=":")
         ax.set(ylim=(-0.02, 1.02), xlabel="training step (steps)", ylabel="validation accuracy (fraction)",
-               title=panel)
+               title=panel + (f"\n{family} family" if family else ""))
+    styles = {lab: styles[lab] for lab in label_order(rows) if lab in styles}
     stops = {f"stopped: {reason}": Line2D([], [], ls="", marker=m, color="0.3") for reason, m in STOP_MARKERS.items()}
     extra = {f"{THRESHOLD:g} (learning_steps.csv)": Line2D([], [], color="0.5", ls=":"), **stops}
     legend_outside(fig, None, mixer_handles(styles, "") + list(extra.values()), list(styles) + list(extra))

@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import stats
-from analysis.plots.common import (caption, draw_estimates, figure, label_styles, labelled, legend_outside, log2_axis,
-                                   mixer_handles, new_figure, note, require, table)
+from analysis.plots.common import (caption, draw_estimates, family_groups, figure, label_styles, labelled,
+                                   legend_outside, log2_axis, mixer_handles, new_figure, note, require, table)
 from analysis.plots.reference import length_accuracy_curve
 
 TRAIN_LEN, FILLER = "config.task.seq_len", "config.task.filler"
@@ -83,14 +83,18 @@ def length_figure(data) -> Figure:
     colors, markers = label_styles(pts)
     summary = length_table(pts)
     layouts = sorted(pts[FILLER].unique(), key=lambda f: (f != "zero", f))
-    fig, axes = new_figure(1, len(layouts), panel=(4.4, 3.4), legend=2.0, sharey=True)
+    groups = family_groups(pts)  # a row of panels per family once the mixers crowd one panel
+    fig, axes = new_figure(len(groups), len(layouts), panel=(4.4, 3.4 if len(groups) == 1 else 2.6),
+                           legend=2.0, sharey=True)
     lengths = np.unique(pts["seq_len"].to_numpy(float))  # theory at each evaluated length (each costs integrations)
     lines, missing = theory_lines(pts, lengths)
-    for ax, layout in zip(axes, layouts):
+    for k, (ax, (family, shown), layout) in enumerate(
+            zip(axes, [g for g in groups for _ in layouts], layouts * len(groups))):
         part = pts[pts[FILLER] == layout]
-        draw_estimates(ax, summary[summary[FILLER] == layout], "seq_len", colors, markers, log_x=True)
+        draw_estimates(ax, summary[summary[FILLER] == layout], "seq_len", {lab: colors[lab] for lab in shown},
+                       markers, log_x=True)
         for (fill, label), curve in lines.items():
-            if fill == layout:
+            if fill == layout and label in shown:
                 ax.plot(lengths, curve, ls="--", lw=1.0, color=colors[label])
         if TRAIN_LEN in part.columns:
             for trained in sorted(part[TRAIN_LEN].dropna().unique()):
@@ -100,7 +104,8 @@ def length_figure(data) -> Figure:
         log2_axis(ax, pts["seq_len"])
         where = "distractors (filler=random)" if layout == "random" else f"filler={layout}"
         ax.set(ylim=(-0.02, 1.05), xlabel="evaluation length T (tokens)",
-               ylabel="recall accuracy (fraction of queries)", title=f"Recall against length, {where}")
+               ylabel="recall accuracy (fraction of queries)",
+               title=f"Recall against length, {where}" + (f"\n{family} family" if family else ""))
         if missing:
             note(ax, missing)
     extra = {"theory: predicted accuracy": Line2D([], [], color="0.3", ls="--"),

@@ -78,7 +78,7 @@ def sharpness_figure(data) -> Figure:
         summaries.append(summary.assign(metric=column))
         draw_bars(ax, summary, order, colors)
         ax.set(xlabel="mixer", ylabel=label)
-        ax.tick_params(axis="x", labelrotation=30)
+        ax.tick_params(axis="x", labelrotation=90)
         if column in ("norm_entropy", "target_weight"):
             ax.set_ylim(0, 1.05)
     which = "retrieval head" if len(focus) < len(rows) else "all heads"

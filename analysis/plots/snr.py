@@ -166,7 +166,9 @@ def _draw_out_of_sample(ax, points: pd.DataFrame, summary: pd.DataFrame) -> tupl
         runs = points[points["label"] == lab]
         ax.scatter(runs[FROM_TRAIN], runs["accuracy"], s=6, color=colors[lab], alpha=0.35, linewidths=0)
         pts = summary[summary["label"] == lab]
-        ax.scatter(pts["predicted_mean"], pts["mean"], s=24, color=colors[lab], marker=markers[lab], zorder=3)
+        # outlines in each mixer's own marker: mixers that pile up at one point (all near 1) stay apart
+        ax.scatter(pts["predicted_mean"], pts["mean"], s=28, facecolors="none", edgecolors=colors[lab],
+                   linewidths=1.2, marker=markers[lab], zorder=3)
         have = pts[np.isfinite(pts["low"].astype(float))]
         if len(have):
             ax.errorbar(have["predicted_mean"], have["mean"], yerr=[have["mean"] - have["low"], have["high"] - have["mean"]],

@@ -1,0 +1,94 @@
+"""One colour per mixer, the same in every figure.
+
+A mixer's family (the ``family`` its class declares, harness.layers) fixes the region of hues
+it is drawn in: softmax attention in blues, the kernel (linear) maps in warm hues, the decays in
+greens, the delta rule in purples. Each built-in mixer of a family takes its own swatch of that
+region, in the reading order (MIXER_ORDER), so a family reads as related hues while no two
+mixers share a colour. An outside mixer (a dotted model.name; its code is never imported here)
+takes the next free swatch of the family its runs declare (summary.family), and a mixer with no
+known family a neutral one.
+
+Swatches are keyed by family and order, never by position in a figure: a figure that draws three
+mixers paints them as the figure that draws eleven does.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+
+import pandas as pd
+from matplotlib.colors import to_rgb
+
+# The reading order of the built-in mixers (softmax first, the kernel maps together).
+MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "dpfp", "retnet", "mamba", "deltanet",
+               "gated_deltanet", "swa")
+
+# Per family, its swatches in the order its mixers take them; the last ones are left for outside
+# mixers of the family. Chosen apart in CIELAB (tests/test_figure_legibility.py holds them apart).
+FAMILY_SWATCHES = {
+    "softmax": ("#0072B2", "#56B4E9", "#1B2F6E"),
+    "linear": ("#E69F00", "#D55E00", "#8C510A", "#F4A582", "#B2182B", "#FEE08B"),
+    "decay": ("#00876C", "#8CC63F", "#00441B"),
+    "delta": ("#6A3D9A", "#CC79A7", "#C2A5CF"),
+}
+NEUTRAL = ("#4D4D4D", "#999999", "#7F7F00", "#000000")  # mixers of no known family, in turn
+# Each mixer's marker, by its place in the reading order: a second cue beside colour, and two
+# mixers at one point stay told apart where one is drawn hollow over the other.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*")
+
+
+@functools.cache
+def builtin_family(name: str) -> str | None:
+    """The family a built-in mixer's class declares; None for a name that is no built-in (a
+    dotted path is never imported: drawing a figure runs no outside code)."""
+    if "." in name:
+        return None
+    from harness.layers import registry
+
+    if name not in registry.builtin_names():
+        return None
+    return registry.resolve(name).family or None
+
+
+def mixer_colors(names: Iterable[str], declared: Mapping[str, str] | None = None) -> dict[str, tuple]:
+    """{name: RGB} for every mixer name in ``names``; ``declared``: the family each outside mixer's
+    runs report (summary.family), used where the name is no built-in."""
+    declared = dict(declared or {})
+    names = sorted(set(pd.Series(list(names)).dropna().astype(str)), key=_reading_rank)
+    taken = {family: _builtin_members(family) for family in FAMILY_SWATCHES}
+    neutral = iter(NEUTRAL * 4)
+    out = {}
+    for name in names:
+        family = builtin_family(name) or declared.get(name)
+        members = taken.get(family)
+        if members is not None and name not in members and len(members) < len(FAMILY_SWATCHES[family]):
+            members.append(name)  # an outside mixer: the next free swatch of its family
+        if members is not None and name in members:
+            out[name] = to_rgb(FAMILY_SWATCHES[family][members.index(name)])
+        else:
+            out[name] = to_rgb(next(neutral))
+    return out
+
+
+def family_of(name: str, declared: Mapping[str, str] | None = None) -> str:
+    """A mixer's family: its class's, else what its runs declare, else "other"."""
+    return builtin_family(str(name)) or (declared or {}).get(str(name)) or "other"
+
+
+def mixer_markers(names: Iterable[str]) -> dict[str, str]:
+    """{name: marker}: built-ins by their place in MIXER_ORDER, other names after them in turn."""
+    names = sorted(set(pd.Series(list(names)).dropna().astype(str)), key=_reading_rank)
+    others = iter(range(len(MIXER_ORDER), len(MIXER_ORDER) + len(names)))
+    return {n: MARKERS[(MIXER_ORDER.index(n) if n in MIXER_ORDER else next(others)) % len(MARKERS)] for n in names}
+
+
+def _builtin_members(family: str) -> list[str]:
+    """The built-in mixers of ``family`` in reading order (new built-ins after, by name)."""
+    from harness.layers import registry
+
+    names = sorted(registry.builtin_names(), key=_reading_rank)
+    return [n for n in names if builtin_family(n) == family]
+
+
+def _reading_rank(name: str):
+    return (MIXER_ORDER.index(name), "") if name in MIXER_ORDER else (len(MIXER_ORDER), name)
