@@ -85,6 +85,9 @@ class CostConfig:
 class SweepConfig:
     skip_completed: bool = True        # a rerun skips runs whose results.json matches the config
     fail_on_error: bool = False        # in a sweep, record a failure and go on (summary at the end)
+    # mixers an experiment leaves out of `${mixers:${sweep.exclude}}`, each with its reason
+    # (harness.config.mixers): every other built-in joins the experiment's sweep
+    exclude: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,6 +121,9 @@ def register_task(name: str) -> None:
 
 
 def register() -> None:
+    from harness.config.mixers import register_resolver
+
+    register_resolver()
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for name in TASKS:
