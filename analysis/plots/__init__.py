@@ -14,7 +14,6 @@ follow from these lines. Each figure function takes the long results frame of it
 """
 from __future__ import annotations
 
-import importlib
 import pkgutil
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -41,7 +40,7 @@ def figures() -> tuple[FigureSpec, ...]:
     function the module lacks."""
     specs: list[FigureSpec] = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        module = pkgutil.resolve_name(f"{__name__}.{info.name}")  # imports it
         for spec in getattr(module, "FIGURES", ()):
             draw = spec.draw
             if isinstance(draw, str):

@@ -18,7 +18,7 @@ task.test_num_pairs. Panels:
    the run's head width (x d_head / 64).
 
 Every point: each seed drawn, the mean, and an interval only from five seeds (analysis.stats).
-A mixer joins by its name in the experiment's model list; its variants (dpfp ν, FAVOR+
+Every mixer the sweep ran is drawn (harness.config.mixers); its variants (dpfp ν, FAVOR+
 features, the additive control) are told apart by the options that vary (analysis.plots.labels).
 """
 from __future__ import annotations

@@ -49,9 +49,9 @@ def model_choices(exclude: Mapping[str, str] | None = None) -> list[str]:
     return [name for name in names if name not in exclude]
 
 
-def _resolve(exclude=None) -> str:
-    return ",".join(model_choices(OmegaConf.to_container(exclude) if exclude is not None and
-                                  not isinstance(exclude, Mapping) else exclude))
+def _resolve(exclude: Mapping[str, str] | None = None) -> str:
+    """`${mixers:${sweep.exclude}}`: the choices as one sweeper value, "a,b,c"."""
+    return ",".join(model_choices(exclude))
 
 
 def register_resolver() -> None:
