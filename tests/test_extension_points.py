@@ -275,7 +275,7 @@ hydra:
     dir: results/quick/throwaway_exp
   sweeper:
     params:
-      model: ${mixers:${sweep.exclude}}
+      model: ${mixers:}
 '''
 
 PAPER_EXPERIMENT = '''# @package _global_

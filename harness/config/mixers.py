@@ -2,20 +2,16 @@
 
 An experiment file sweeps
 
-    sweep:
-      exclude:                     # mixer: why it cannot run here
-        swa: <reason>
-    hydra:
-      sweeper:
-        params:
-          model: ${mixers:${sweep.exclude}}                     # every built-in but swa
-          model: ${mixers:${sweep.exclude}},deltanet_additive   # plus a variant file of conf/model
+    model: ${mixers:}                                   # every built-in mixer
+    model: ${mixers:},deltanet_additive                 # plus a variant file of conf/model
+    model: "${mixers:{swa: '<why it cannot run here>'}}" # every built-in but swa, with the reason
 
 so a built-in mixer (one module under harness/layers that registers its name, and its
 conf/model/<name>.yaml) joins every experiment without being listed anywhere. The resolver
 runs when Hydra builds the sweeper (and wherever the grid is composed: analysis.figures, the
-smoke, the wandb sweep files), so the grid is always the registry of the moment. `sweep.*` is
-no part of a run's hash (harness.outputs.results), so excluding a mixer renames no result.
+smoke, the wandb sweep files), so the grid is always the registry of the moment. The
+exclusions live in the sweeper's parameter, Hydra's part of the config, so a run's own config
+(its results, its hash, its model.pt) holds nothing of them.
 """
 from __future__ import annotations
 
@@ -37,11 +33,11 @@ def model_choices(exclude: Mapping[str, str] | None = None) -> list[str]:
     names = builtin_names()
     unknown = sorted(set(exclude) - set(names))
     if unknown:
-        raise ValueError(f"sweep.exclude names no built-in mixer: {', '.join(unknown)}; "
+        raise ValueError(f"${{mixers:...}} excludes no built-in mixer: {', '.join(unknown)}; "
                          f"built-ins: {', '.join(names)}")
     unexplained = sorted(name for name, reason in exclude.items() if not str(reason or "").strip())
     if unexplained:
-        raise ValueError(f"sweep.exclude: give the reason each mixer cannot run here: {', '.join(unexplained)}")
+        raise ValueError(f"${{mixers:...}}: give the reason each mixer cannot run here: {', '.join(unexplained)}")
     missing = [name for name in names if not (CONF_DIR / "model" / f"{name}.yaml").exists()]
     if missing:
         raise ValueError(f"built-in mixer(s) without a config file: "
@@ -50,7 +46,7 @@ def model_choices(exclude: Mapping[str, str] | None = None) -> list[str]:
 
 
 def _resolve(exclude: Mapping[str, str] | None = None) -> str:
-    """`${mixers:${sweep.exclude}}`: the choices as one sweeper value, "a,b,c"."""
+    """`${mixers:}` or `${mixers:{name: reason, ...}}`: the choices as one sweeper value, "a,b,c"."""
     return ",".join(model_choices(exclude))
 
 

@@ -85,9 +85,6 @@ class CostConfig:
 class SweepConfig:
     skip_completed: bool = True        # a rerun skips runs whose results.json matches the config
     fail_on_error: bool = False        # in a sweep, record a failure and go on (summary at the end)
-    # mixers an experiment leaves out of `${mixers:${sweep.exclude}}`, each with its reason
-    # (harness.config.mixers): every other built-in joins the experiment's sweep
-    exclude: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
