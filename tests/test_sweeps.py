@@ -10,7 +10,6 @@ import pytest
 from analysis.loader import load_results
 from analysis.pipeline import compose_experiment, sweep_params
 from harness.config.compose import CONF_DIR, compose_config
-from harness.layers import registry
 from harness.run import wandb_sweeps
 
 TINY = ["task=recall", "trainer=debug", "logger=none", "trainer.measure=false",
