@@ -20,8 +20,9 @@ harness/conf/experiment/<profile>/, so a new experiment needs no list here) thro
 launcher with one training step per job on the CPU at the profile's sizes, draws every figure
 from those results, and prints what the full profile would cost (analysis.smoke).
 
-The figure functions are importable from here for notebooks: each takes the long frame
-of ``analysis.loader.load_all`` (or a results path) and returns a matplotlib Figure.
+The figures are those the modules of analysis/plots declare (``FIGURES`` at the top of each;
+analysis.plots.figures finds them): each figure function takes the long frame of
+``analysis.loader.load_all`` (or a results path) and returns a matplotlib Figure.
 """
 from __future__ import annotations
 
@@ -34,38 +35,14 @@ from analysis.loader import NoResultsError, find_results
 # The pipeline's pieces, importable from here as before (notebooks, tests).
 from analysis.pipeline import (FORMATS, FigureSpec, has_results, load_figure_data, render, report,  # noqa: F401
                                extend_edge_rates, run_missing_sweeps, save_figure, sweep_command)
-from analysis.plots.attention import attention_figure
-from analysis.plots.capacity import capacity_figure
-from analysis.plots.cost import cost_figure, state_figure
-from analysis.plots.forgetting import forgetting_figure
-from analysis.plots.frontier import frontier_figure
-from analysis.plots.induction import induction_figure
-from analysis.plots.learning import learning_figure
-from analysis.plots.length import length_figure
-from analysis.plots.mqar import mqar_figure
-from analysis.plots.needle import needle_figure
-from analysis.plots.sharpness import sharpness_figure
-from analysis.plots.snr import snr_figure
+from analysis.plots import figures
 
 PROFILES = ("quick", "paper")
 
 
-FIGURES = (
-    FigureSpec("capacity", "capacity", capacity_figure),
-    # trained runs (filled) beside the untrained probe (hollow): the capacity sweep's runs
-    FigureSpec("snr", "snr", snr_figure, also=("capacity",)),
-    FigureSpec("sharpness", "sharpness", sharpness_figure),
-    FigureSpec("attention", "sharpness", attention_figure, reopens_runs=True),  # the sweep's softmax and elu runs
-    FigureSpec("mqar", "mqar", mqar_figure),
-    FigureSpec("induction", "induction", induction_figure),
-    FigureSpec("state_vs_kv", None, state_figure),
-    FigureSpec("cost", "cost", cost_figure),
-    FigureSpec("length", "length", length_figure),
-    FigureSpec("needle", "needle", needle_figure),
-    FigureSpec("frontier", "frontier", frontier_figure),
-    FigureSpec("forgetting", "forgetting", forgetting_figure),
-    FigureSpec("learning", "sharpness", learning_figure, also=("capacity",)),  # default recall and capacity tasks
-)
+# Every figure a module of analysis/plots declares (its FIGURES): a new figure is listed by its
+# own module, never here.
+FIGURES = figures()
 
 
 class ArgumentError(ValueError):

@@ -16,8 +16,8 @@
 #
 # MQAR accuracy against the bytes of state one layer keeps (Based's and Zoology's frontier):
 # every mixer across widths and q/k (feature) widths, softmax at its KV cache. The mixers are
-# those the sweep's YAML list names (`hydra.sweeper.params.model` in
-# `harness/conf/experiment/frontier.yaml`).
+# those the sweep runs: every built-in but those the `model` line of
+# `harness/conf/experiment/frontier.yaml` excludes, plus the variants it appends.
 #
 # Results come from `$HARNESS_RESULTS/frontier` (default `results/quick/frontier`), the sweep
 # `python -m harness -m +experiment=frontier`.

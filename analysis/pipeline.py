@@ -1,34 +1,20 @@
-"""The pieces `python -m analysis.figures` and its smoke (analysis.smoke) share: what a figure
-is (FigureSpec), the multirun that makes a sweep's results, drawing and saving figures from
-results, and the closing report. Both entry points import this module; it imports neither.
+"""The pieces `python -m analysis.figures` and its smoke (analysis.smoke) share: the multirun
+that makes a sweep's results, drawing and saving figures from results (each figure as its
+module declares it: analysis.plots.FigureSpec), and the closing report. Both entry points import this module; it imports neither.
 """
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from analysis import lr_edge
 from analysis.loader import NoResultsError, find_results, load_all
+from analysis.plots import FigureSpec  # noqa: F401  (what a figure is, declared beside its drawing code)
 from analysis.plots.common import warn
 
 FORMATS = ("png", "pdf")
-
-
-@dataclass(frozen=True)
-class FigureSpec:
-    name: str                 # file name stem
-    experiment: str | None    # sweep it reads from <results>/<experiment>; None: needs no runs
-    draw: Callable
-    also: tuple[str, ...] = ()  # other sweeps whose results it draws too (run when missing)
-    reopens_runs: bool = False  # draws from runs' weights (harness.load_run): takes trust_code
-
-    @property
-    def experiments(self) -> tuple[str, ...]:
-        return () if self.experiment is None else (self.experiment, *self.also)
 
 
 def sweep_command(profile: str, experiment: str, sweep_dir: Path) -> list[str]:

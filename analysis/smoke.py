@@ -129,15 +129,19 @@ GPU_UTILISATION = 0.40
 QUADRATIC = ("softmax", "swa")  # mixers whose work per token grows with the keys it sees
 
 
-def train_length(config: dict) -> int:
-    """The longest training sequence of a run's config (a mixture pads to its longest entry;
-    the interference task without seq_len stores 2 N + N tokens and a separator)."""
-    mixture = config.get("task.mixture") or []
-    lengths = [int(entry[0]) for entry in mixture if isinstance(entry, (list, tuple)) and entry]
-    seq = config.get("task.seq_len")
-    if seq is None:
-        seq = 3 * int(config.get("task.num_pairs") or 1) + 1
-    return max([int(seq), *lengths])
+def train_length(config: dict) -> int | None:
+    """The training sequence length of a run's flat config, as its task derives it (a mixture
+    pads to its longest entry; interference without seq_len stores its pairs and queries); None
+    for a task that cannot be built from the config."""
+    from harness.tasks import get_task
+    from harness.tasks import train_length as task_length
+
+    try:
+        module = get_task(str(config.get("task.name")))
+        fields = {k[len("task."):]: v for k, v in config.items() if k.startswith("task.") and k != "task.name"}
+        return task_length(module, module.Config(**fields))
+    except (ValueError, TypeError):
+        return None
 
 
 def job_flops(result: dict, full: dict) -> float | None:
@@ -151,6 +155,8 @@ def job_flops(result: dict, full: dict) -> float | None:
         return None
     config = result.get("config") or {}
     seq = train_length(config)
+    if seq is None:
+        return None
     tokens = full["batch_size"] * seq
     flops = 6.0 * params * tokens
     if str(config.get("model.name")) in QUADRATIC:

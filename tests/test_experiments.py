@@ -1,26 +1,23 @@
-"""Every built-in mixer is in every experiment of both profiles, or listed as inapplicable there
+"""Every built-in mixer is in every experiment of both profiles, unless the experiment excludes it
 with its reason.
 
-An experiment file names its mixers in hydra.sweeper.params.model (a paper file inherits its
-quick file's list unless it sets its own); an entry is a file of harness/conf/model, whose mixer
-is its `name` (a variant file such as deltanet_additive names its base through its defaults).
-A mixer an experiment cannot run is listed in a comment line of the file:
-
-    # inapplicable: <mixer>: <reason>; <mixer>: <reason>
-    # inapplicable: (none)
-
-and the test fails for a built-in that is neither swept nor listed, for a listed name that is
-no built-in, and for a listing without a reason.
+An experiment file sweeps `model: ${mixers:}` (harness.config.mixers), or
+`${mixers:{<mixer>: '<reason>'}}` to exclude one, optionally followed by variant files of
+harness/conf/model (`,deltanet_additive`): the resolver expands to every registered built-in but
+those excluded (a paper file inherits its quick file's line unless it sets its own). The checks run on the grid as Hydra composes it, so what they see is
+what `python -m harness -m +experiment=<name>` runs.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
-from harness.config.compose import CONF_DIR
+from harness.conf import CONF_DIR
+from harness.config.compose import compose_experiment, experiment_grid
+from harness.config.mixers import model_choices
 from harness.layers.registry import builtin_names
 
 EXPERIMENTS = CONF_DIR / "experiment"
@@ -36,21 +33,8 @@ def _load(path: Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def _parent(path: Path) -> Path | None:
-    """The experiment file a paper file extends (its `- /experiment/<name>` default)."""
-    for entry in _load(path).get("defaults") or []:
-        if isinstance(entry, str) and entry.startswith("/experiment/"):
-            return EXPERIMENTS / f"{entry[len('/experiment/'):]}.yaml"
-    return None
-
-
-def swept_models(path: Path) -> list[str]:
-    """The `model` choices the file sweeps (its own, else its parent's)."""
-    params = (((_load(path).get("hydra") or {}).get("sweeper") or {}).get("params") or {})
-    if "model" in params:
-        return [m.strip() for m in str(params["model"]).split(",") if m.strip()]
-    parent = _parent(path)
-    return swept_models(parent) if parent else []
+def _name(profile: str, stem: str) -> str:
+    return stem if profile == "quick" else f"{profile}/{stem}"
 
 
 def mixer_of(choice: str) -> str:
@@ -65,22 +49,6 @@ def mixer_of(choice: str) -> str:
     return mixer_of(bases[0])
 
 
-def inapplicable(path: Path) -> dict[str, str]:
-    """{mixer: reason} from the file's `# inapplicable:` lines (and its parent's)."""
-    found = {}
-    parent = _parent(path)
-    if parent:
-        found.update(inapplicable(parent))
-    for line in path.read_text().splitlines():
-        match = re.match(r"\s*#\s*inapplicable:\s*(.*)$", line)
-        if not match or match.group(1).strip() == "(none)":
-            continue
-        for item in match.group(1).split(";"):
-            name, _, reason = item.partition(":")
-            found[name.strip()] = reason.strip()
-    return found
-
-
 CASES = [(profile, path) for profile in PROFILES for path in _files(profile)]
 
 
@@ -89,41 +57,51 @@ def test_every_experiment_is_checked():
     assert len(CASES) >= 20
 
 
+def _model_line(name: str) -> str:
+    """The experiment's `model` sweep value as written (composed, not resolved)."""
+    params = compose_experiment(name).hydra.sweeper.params
+    return str(OmegaConf.to_container(params, resolve=False)["model"])
+
+
 @pytest.mark.parametrize("profile,path", CASES, ids=[f"{p}/{f.stem}" for p, f in CASES])
-def test_mixer_list_is_complete(profile, path):
-    builtins = set(builtin_names())
-    swept = {mixer_of(choice) for choice in swept_models(path)}
-    excused = inapplicable(path)
-    assert set(excused) <= builtins, f"{path.name}: inapplicable names no built-in: {set(excused) - builtins}"
-    assert all(excused.values()), f"{path.name}: an inapplicable mixer without its reason: {excused}"
-    assert not swept & set(excused), f"{path.name}: swept and listed inapplicable: {swept & set(excused)}"
-    missing = builtins - swept - set(excused)
-    assert not missing, (f"{profile} experiment {path.stem} lacks {sorted(missing)}: sweep them or list them as "
-                         "'# inapplicable: <mixer>: <reason>'")
-    assert swept - builtins == set(), f"{path.name}: sweeps a mixer that is no built-in: {swept - builtins}"
+def test_every_builtin_not_excluded_is_swept(profile, path):
+    name = _name(profile, path.stem)
+    line = _model_line(name)
+    # the list comes from the registry, never written out: a new built-in needs no edit here
+    assert line.startswith("${mixers:"), f"{name}: model is {line!r}, not the registry's mixers"
+    choices = experiment_grid(name)["model"]
+    swept = {mixer_of(choice) for choice in choices}
+    assert swept <= set(builtin_names()) and len(choices) == len(set(choices)), choices
+    if line.startswith("${mixers:}"):  # no exclusion: every built-in
+        assert swept == set(builtin_names()), f"{name}: sweeps {sorted(swept)}"
 
 
-def test_the_check_fails_for_a_missing_mixer(tmp_path):
-    """The check reads what it claims: a file without gated_deltanet, unexcused, is incomplete."""
-    path = tmp_path / "x.yaml"
-    path.write_text("hydra:\n  sweeper:\n    params:\n      model: softmax,deltanet_additive\n"
-                    "# inapplicable: swa: needs a window longer than the task\n")
-    swept = {mixer_of(c) for c in swept_models(path)}
-    assert swept == {"softmax", "deltanet"}
-    assert inapplicable(path) == {"swa": "needs a window longer than the task"}
-    assert "gated_deltanet" in set(builtin_names()) - swept - set(inapplicable(path))
+def test_an_exclusion_names_a_builtin_and_gives_its_reason():
+    assert "swa" not in model_choices({"swa": "its window covers the whole task"})
+    assert model_choices() == builtin_names()
+    with pytest.raises(ValueError, match="excludes no built-in mixer: nosuch"):
+        model_choices({"nosuch": "a reason"})
+    with pytest.raises(ValueError, match="give the reason each mixer cannot run here: swa"):
+        model_choices({"swa": " "})
+
+
+def test_cost_excludes_the_window_with_its_reason():
+    for profile in PROFILES:
+        name = _name(profile, "cost")
+        assert "swa" not in experiment_grid(name)["model"]
+        assert "{swa: 'mode=cost times the cores of harness.ops" in _model_line(name)
+        assert "harness.bench has no case" in _model_line(name)
 
 
 @pytest.mark.parametrize("name", ["capacity", "forgetting", "frontier"])
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_the_delta_rule_control_runs_where_it_is_asked(profile, name):
-    choices = swept_models(PROFILES[profile] / f"{name}.yaml")
+    choices = experiment_grid(_name(profile, name))["model"]
     assert "deltanet_additive" in choices and _load(MODELS / "deltanet_additive.yaml")["rule"] == "additive"
 
 
 def test_paper_capacity_has_the_anchor_variants():
-    choices = swept_models(PROFILES["paper"] / "capacity.yaml")
+    choices = experiment_grid("paper/capacity")["model"]
     nus = {_load(MODELS / f"{c}.yaml").get("dpfp_nu", 1) for c in choices if mixer_of(c) == "dpfp"}
     features = {_load(MODELS / f"{c}.yaml").get("favor_features") for c in choices if mixer_of(c) == "favor"}
     assert nus == {1, 2, 3} and {64, 128, 512} <= features
-

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from analysis import smoke
+
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = ["capacity", "sharpness", "mqar", "induction", "state_vs_kv"]
 
@@ -27,16 +29,15 @@ def test_paper_smoke_runs_every_mixer_at_the_largest_sizes_and_draws_the_figures
     for name in FIGURES:
         assert (tmp_path / "figs" / f"{name}.png").stat().st_size > 10_000
     root = tmp_path / "results" / "paper-smoke"
-    for experiment in ("capacity", "sharpness", "mqar", "induction"):
+    grids = {name: smoke.sweep_params("paper", name) for name in ("capacity", "sharpness", "mqar", "induction")}
+    for experiment, params in grids.items():
         runs = [json.loads(p.read_text()) for p in (root / experiment).rglob("results.json")]
-        # every built-in mixer; capacity adds dpfp nu 2, 3, FAVOR+ at three feature counts and the
-        # delta-rule control
-        mixers = 17 if experiment == "capacity" else 11
-        assert len(runs) == mixers and all(r["status"] == "ok" for r in runs), experiment
+        # every mixer of the grid (every built-in; capacity adds its variants), one job each
+        assert len(runs) == len(params["model"]) and all(r["status"] == "ok" for r in runs), experiment
         assert all(r["summary"]["steps"] == 1 and r["summary"]["step_time_s"] > 0 for r in runs)
     estimate = json.loads((root / "cost_estimate.json").read_text())["experiments"]
-    assert {k: v["jobs"] for k, v in estimate.items()} == {"capacity": 17 * 7 * 3 * 5, "induction": 11 * 3 * 5,
-                                                           "mqar": 11 * 4 * 3 * 3 * 4 * 5, "sharpness": 11 * 3 * 5}
+    assert {k: v["jobs"] for k, v in estimate.items()} == {k: smoke.job_count(p, "all") for k, p in grids.items()}
+    assert estimate["mqar"]["jobs"] == len(grids["mqar"]["model"]) * 4 * 3 * 3 * 4 * 5
     assert all(v["total_seconds"] > 0 for v in estimate.values())
     # the GPU cost, named as an estimate, per figure: every experiment here trains, so each has one
     assert all(v["gpu_hours_estimate"] > 0 for v in estimate.values())

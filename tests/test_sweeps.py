@@ -1,6 +1,6 @@
 """Sweeps: Hydra multirun through the basic, joblib and submitit_local launchers; reruns skip
-completed runs; a failing run keeps the others; wandb sweep files are their paper experiments and
-expand into valid configs."""
+completed runs; a failing run keeps the others; wandb sweep files, written at use, are their paper
+experiments and expand into valid configs."""
 
 import math
 from pathlib import Path
@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from analysis.loader import load_results
-from analysis.pipeline import compose_experiment
+from analysis.pipeline import compose_experiment, sweep_params
 from harness.config.compose import CONF_DIR, compose_config
-from harness.layers import registry
 from harness.run import wandb_sweeps
 
 TINY = ["task=recall", "trainer=debug", "logger=none", "trainer.measure=false",
@@ -86,32 +85,40 @@ def covering(sweep: dict) -> list[dict]:
     return runs
 
 
-@pytest.mark.parametrize("path", wandb_sweeps.sweep_files(), ids=lambda p: p.stem)
-def test_wandb_sweep_file_is_its_paper_experiment_and_its_commands_compose(path):
+@pytest.mark.parametrize("name", wandb_sweeps.swept())
+def test_wandb_sweep_file_is_its_paper_experiment_and_its_commands_compose(name, tmp_path):
+    path, = wandb_sweeps.write([name], tmp_path)
     sweep = wandb_sweeps.load(path)
     assert wandb_sweeps.validate(sweep) == []
-    assert sweep == wandb_sweeps.from_experiment(path.stem), \
-        f"{path} drifted from its experiment: rewrite it with python -m harness.run.wandb_sweeps"
+    assert sweep == wandb_sweeps.from_experiment(name)  # the file reads back as what was written
     commands = wandb_sweeps.expand(sweep)
-    grid = compose_experiment("paper", path.stem).hydra.sweeper.params
+    grid = compose_experiment("paper", name).hydra.sweeper.params
     assert len(commands) == math.prod(len(str(v).split(",")) for v in grid.values())
-    assert all(f"+experiment=paper/{path.stem}" in c and "logger=wandb" in c for c in commands)
+    assert all(f"+experiment=paper/{name}" in c and "logger=wandb" in c for c in commands)
     for run in covering(sweep):
         overrides = wandb_sweeps.expand({"parameters": run})[0]
         cfg = compose_config(overrides)  # raises on any invalid key, value or combination
         assert cfg.logger.name == "wandb" and cfg.logger.mode == "online"
     models = {c.split("=", 1)[1] for run in commands for c in run if c.startswith("model=")}
-    assert set(registry.builtin_names()) <= models  # every built-in mixer, as in the experiment
+    assert models == set(sweep_params("paper", name)["model"])  # every mixer of the experiment
 
 
-def test_every_paper_experiment_but_cost_is_a_wandb_sweep_file():
-    names = {p.stem for p in wandb_sweeps.sweep_files()}
-    assert names == set(wandb_sweeps.SWEPT) == {p.stem for p in (CONF_DIR / "experiment" / "paper").glob("*.yaml")} - {"cost"}
+def test_every_paper_experiment_but_cost_is_a_wandb_sweep():
+    assert set(wandb_sweeps.swept()) == {p.stem for p in (CONF_DIR / "experiment" / "paper").glob("*.yaml")} - {"cost"}
 
 
-def test_every_figure_has_a_wandb_sweep_file():
-    names = {p.stem for p in wandb_sweeps.sweep_files()}
-    assert {"capacity", "snr", "mqar", "induction", "sharpness", "length", "needle", "frontier", "forgetting"} <= names
+def test_every_figure_that_trains_or_probes_has_a_wandb_sweep():
+    from analysis.plots import experiments
+
+    assert set(experiments()) - {"cost"} <= set(wandb_sweeps.swept())
+
+
+def test_the_sweep_command_writes_the_files_asked_for_and_refuses_an_unknown_one(tmp_path, capsys):
+    assert wandb_sweeps.main(["needle", "snr", "--out", str(tmp_path / "sw")]) == 0
+    assert sorted(p.name for p in (tmp_path / "sw").iterdir()) == ["needle.yaml", "snr.yaml"]
+    assert f"wandb sweep {tmp_path / 'sw' / 'needle.yaml'}" in capsys.readouterr().out
+    assert wandb_sweeps.main(["cost", "--out", str(tmp_path / "sw")]) == 2
+    assert "no wandb sweep for cost" in capsys.readouterr().err
 
 
 def test_wandb_validation_catches_broken_files():
@@ -121,15 +128,13 @@ def test_wandb_validation_catches_broken_files():
     assert any("values" in e for e in errors) and any("args_no_hyphens" in e for e in errors)
 
 
-def _grid(params: dict) -> list[list[str]]:
-    """First and last combination of a sweeper grid (each value list split on commas)."""
-    first = [f"{k}={str(v).split(',')[0]}" for k, v in params.items()]
-    last = [f"{k}={str(v).split(',')[-1]}" for k, v in params.items()]
-    return [first, last]
+def _grid(params: dict[str, list[str]]) -> list[list[str]]:
+    """First and last combination of a sweeper grid (as harness.config.compose.experiment_grid reads it)."""
+    return [[f"{k}={v[0]}" for k, v in params.items()], [f"{k}={v[-1]}" for k, v in params.items()]]
 
 
 def test_experiment_files_compose():
-    import yaml
+    from harness.config.compose import experiment_grid
 
     root = CONF_DIR / "experiment"
     names = sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
@@ -137,10 +142,7 @@ def test_experiment_files_compose():
                    "forgetting"):
         assert figure in names and f"paper/{figure}" in names
     for name in names:
-        own = yaml.safe_load((root / f"{name}.yaml").read_text()).get("hydra", {})
-        quick = yaml.safe_load((root / f"{name.split('/')[-1]}.yaml").read_text())["hydra"]
-        params = own.get("sweeper", quick["sweeper"])["params"]
-        for combo in _grid(params):
+        for combo in _grid(experiment_grid(name)):
             cfg = compose_config([f"+experiment={name}", *combo])
             assert cfg.mode in ("train", "probe", "cost")
 
@@ -158,16 +160,10 @@ def test_trained_experiments_sweep_seeds_and_every_setting_is_valid(profile, nam
     run, the choice made on validation); every combination of the task settings a sweep
     crosses composes and validates (no job fails for its grid)."""
     import itertools
-    from pathlib import Path
-
-    import yaml
 
     from harness.config.validate import validate_config
 
-    conf = Path(__file__).resolve().parents[1] / "harness" / "conf" / "experiment"
-    path = conf / (f"{name}.yaml" if profile == "quick" else f"paper/{name}.yaml")
-    params = yaml.safe_load(path.read_text())["hydra"]["sweeper"]["params"]
-    values = {key: str(value).split(",") for key, value in params.items()}
+    values = sweep_params(profile, name)
     ranks = profile == "paper" or name in RANKING_QUICK
     assert len(values["seed"]) >= (5 if ranks else 1)
     assert "trainer.lr" in values  # every learning rate's result is kept, the choice on validation
@@ -179,13 +175,13 @@ def test_trained_experiments_sweep_seeds_and_every_setting_is_valid(profile, nam
         validate_config(compose_config(overrides))
 
 
-def test_wandb_sweep_specs_sit_outside_the_hydra_config_dir():
-    """Every directory under harness/conf is a config group `python -m harness --help` lists."""
+def test_no_sweep_file_is_kept_in_the_package():
+    """Sweep files are written at use, so none can drift from its experiment; every directory
+    under harness/conf is a config group `python -m harness --help` lists."""
     import harness
-    conf = Path(harness.__file__).parent / "conf"
-    files = wandb_sweeps.sweep_files()
-    assert files and all(conf not in f.parents for f in files)
-    assert not (conf / "wandb").exists()
+    package = Path(harness.__file__).parent
+    assert not list(package.rglob("sweeps/*.yaml")) and not (package / "conf" / "wandb").exists()
+    assert package not in (Path.cwd() / wandb_sweeps.OUT_DIR).resolve().parents
 
 
 @pytest.mark.parametrize("profile", ["quick", "paper"])

@@ -18,9 +18,15 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 import harness
+from analysis.plots import FigureSpec
 from analysis.plots.common import MissingData, figure, mixer_order, new_figure, require, table
 from harness.hooks import capture
 from harness.layers.protocol import mixer_hooks
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("attention", "sharpness", "attention_figure", reopens_runs=True, notebook="nb_attention"),  # its softmax and elu runs
+)
 
 MODELS = ("softmax", "elu")
 

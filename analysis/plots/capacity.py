@@ -18,7 +18,7 @@ task.test_num_pairs. Panels:
    the run's head width (x d_head / 64).
 
 Every point: each seed drawn, the mean, and an interval only from five seeds (analysis.stats).
-A mixer joins by its name in the experiment's model list; its variants (dpfp ν, FAVOR+
+Every mixer the sweep ran is drawn (harness.config.mixers); its variants (dpfp ν, FAVOR+
 features, the additive control) are told apart by the options that vary (analysis.plots.labels).
 """
 from __future__ import annotations
@@ -31,10 +31,18 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.common import (WIDTH, caption, draw_estimates, figure, label_order, label_styles, labelled,
                                    legend_outside, log2_axis, loglog_slope, lr_heatmap, new_figure, note, plain_log_axes,
                                    require, retrieval_heads, select_on_validation, setting_values, table)
 from analysis.plots.reference import SCHLAG_BREAKS, SCHLAG_D_KEY
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("capacity", "capacity", "capacity_figure", notebook="nb_capacity",
+               tables=("capacity_per_lr", "capacity_n50", "capacity_schlag", "capacity_protocol",
+                       "capacity_extrapolation", "capacity_families", "capacity_ranking")),
+)
 
 TRAIN_N = "config.task.num_pairs"
 POINT = ["label", WIDTH, "train_n"]   # one trained model family: the learning rate is chosen per point

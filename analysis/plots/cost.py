@@ -12,9 +12,16 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from analysis.plots import FigureSpec
 from analysis.plots.common import (figure, legend_outside, log2_axis, loglog_slope, new_figure,
                                    palette, require, table)
 from analysis.plots.reference import favor_features, state_sizes
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("state_vs_kv", None, "state_figure", notebook="nb_cost"),
+    FigureSpec("cost", "cost", "cost_figure", notebook="nb_cost"),
+)
 
 PASS_LABELS = {"fwd": "forward", "fwdbwd": "forward + backward"}
 

@@ -15,8 +15,15 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.common import (MissingData, caption, draw_bars, draw_estimates, figure, label_order, label_styles,
                                    labelled, log2_axis, mixer_handles, new_figure, note, require, table)
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("forgetting", "forgetting", "forgetting_figure", notebook="nb_forgetting",
+               tables=("forgetting", "forgetting_by_age", "forgetting_gap")),
+)
 
 KIND = {0: "untouched (written once)", 1: "overwritten (latest of two)"}
 

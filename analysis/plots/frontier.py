@@ -21,11 +21,18 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, caption, draw_estimates, figure, label_styles, labelled, legend_outside,
                                    mixer_handles, new_figure, note, require, select_on_validation, setting_values,
                                    table)
 from analysis.plots.labels import natural_key
 from harness.devices import format_bytes
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("frontier", "frontier", "frontier_figure", notebook="nb_frontier",
+               tables=("frontier", "frontier_ranking", "frontier_largest")),
+)
 
 WIDTH, QK, LAYERS = "config.model.d_model", "config.model.qk_dim", "config.model.n_layers"
 MIXTURE = "config.task.mixture"

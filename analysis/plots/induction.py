@@ -13,9 +13,16 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_estimates, figure, label_order,
                                    label_styles, labelled, legend_outside, log2_axis, lr_heatmap, mixer_handles,
                                    new_figure, note, select_on_validation, table)
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("induction", "induction", "induction_figure", notebook="nb_induction",
+               tables=("induction_per_lr", "induction", "induction_by_distance", "induction_ranking")),
+)
 
 
 def _induction(rows: pd.DataFrame) -> pd.DataFrame:

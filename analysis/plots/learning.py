@@ -24,9 +24,17 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.capacity import reference_n
 from analysis.plots.common import (MissingData, caption, family_groups, figure, label_order, label_styles, labelled,
                                    legend_outside, mixer_handles, new_figure, select_on_validation, table)
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    # the default recall task (the sharpness sweep) and the capacity task
+    FigureSpec("learning", "sharpness", "learning_figure", also=("capacity",), notebook="nb_learning",
+               tables=("learning_steps",)),
+)
 
 THRESHOLD = 0.9
 TRAIN_N = "config.task.num_pairs"

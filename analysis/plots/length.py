@@ -18,9 +18,15 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.common import (caption, draw_estimates, family_groups, figure, label_styles, labelled,
                                    legend_outside, log2_axis, mixer_handles, new_figure, note, require, table)
 from analysis.plots.reference import length_accuracy_curve
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("length", "length", "length_figure", notebook="nb_length", tables=("length",)),
+)
 
 TRAIN_LEN, FILLER = "config.task.seq_len", "config.task.filler"
 

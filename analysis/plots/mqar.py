@@ -17,9 +17,16 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, WIDTH, caption, draw_estimates, figure, label_order, label_styles, labelled,
                                    legend_outside, log2_axis, lr_heatmap, mixer_handles, new_figure, require,
                                    select_on_validation, table)
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("mqar", "mqar", "mqar_figure", notebook="nb_mqar",
+               tables=("mqar_per_lr", "mqar_width_trend", "mqar_ranking")),
+)
 
 POINT = ["label", WIDTH, "seq_len", "pairs"]
 ALPHA = 0.05  # the paired test's level for calling a trend

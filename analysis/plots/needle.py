@@ -16,8 +16,14 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.common import (caption, draw_estimates, figure, label_order, label_styles, labelled, log2_axis,
                                    mixer_handles, new_figure, require, table)
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("needle", "needle", "needle_figure", notebook="nb_needle", tables=("needle", "needle_by_length")),
+)
 
 
 def needle_rows(data: pd.DataFrame) -> pd.DataFrame:

@@ -15,9 +15,16 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_estimates, figure, label_order,
                                    label_styles, labelled, legend_outside, log2_axis, lr_heatmap, mixer_handles,
                                    new_figure, retrieval_heads, select_on_validation, table)
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("sharpness", "sharpness", "sharpness_figure", notebook="nb_sharpness",
+               tables=("sharpness_per_lr", "sharpness", "sharpness_ranking")),
+)
 
 # (column, axis label), the first column present wins for each panel.
 ENTROPY = (("norm_entropy", "entropy H / log(prefix)  (1 = uniform)"),

@@ -21,10 +21,18 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import stats
+from analysis.plots import FigureSpec
 from analysis.plots.capacity import capacity_selected
 from analysis.plots.common import (MissingData, WIDTH, caption, figure, label_order, label_styles, labelled,
                                    legend_outside, loglog_slope, new_figure, note, palette, retrieval_heads,
                                    setting_values, table)
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    # the untrained probe (hollow) beside the trained runs of the capacity sweep (filled)
+    FigureSpec("snr", "snr", "snr_figure", also=("capacity",), notebook="nb_snr",
+               tables=("snr_slopes", "snr_out_of_sample")),
+)
 
 FILLED = {"untrained probe": False, "trained": True}
 _COLUMNS = ["model", "label", "source", "snr_predicted", "snr_measured"]

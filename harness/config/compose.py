@@ -9,9 +9,8 @@ caller prepares it: harness.train.plan).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # harness/conf, shipped with the package
+from harness.conf import CONF_DIR  # harness/conf, shipped with the package
 GROUPS = ("task", "model", "trainer", "logger", "experiment")
 
 

@@ -118,6 +118,9 @@ def register_task(name: str) -> None:
 
 
 def register() -> None:
+    from harness.config.mixers import register_resolver
+
+    register_resolver()
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for name in TASKS:

@@ -1,37 +1,48 @@
-"""wandb sweep files (`harness/sweeps/*.yaml`): derived from the paper experiments, validated
-offline, expanded into the commands an agent runs.
+"""wandb sweep files, written at use from the paper experiments, validated offline, expanded into
+the commands an agent runs.
 
-A sweep file is run on many machines with `wandb sweep harness/sweeps/<name>.yaml` and then
-`wandb agent <id>` on each; the agent builds every command with wandb's own
-`create_sweep_command_args`, which is what `expand` uses too, so what is checked here is what
-an agent will run. No wandb server is needed for either.
+    python -m harness.run.wandb_sweeps mqar [--out sweeps]     # writes sweeps/mqar.yaml
+    wandb sweep sweeps/mqar.yaml && wandb agent <sweep-id>     # agents on many machines
+
+A file is written when it is used, from the experiment as it stands (its mixers are the
+registry's of the moment, harness.config.mixers), so none is kept in the repository to drift.
+The agent builds every command with wandb's own `create_sweep_command_args`, which is what
+`expand` uses too, so what is checked here is what an agent will run. No wandb server is needed
+for either.
 
 Each file is the paper profile's experiment file and nothing else (`from_experiment`): the agent
 passes `+experiment=paper/<name>`, which fixes every setting, and one value of each key the
 experiment's sweeper grids, and logs to wandb online. So a sweep on many machines runs the same
-protocol and mixers as `python -m harness -m +experiment=paper/<name>`, and the files are
-rewritten from the experiments with `python -m harness.run.wandb_sweeps`, never edited.
+protocol and mixers as `python -m harness -m +experiment=paper/<name>`.
 """
 from __future__ import annotations
 
+import argparse
+import functools
 import itertools
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-WANDB_DIR = Path(__file__).resolve().parent.parent / "sweeps"  # beside conf/, not in it: no Hydra group
-# The paper experiments that are run as wandb sweeps: all but the cost table, whose timings are
-# only comparable when they come from one machine.
-SWEPT = ("capacity", "forgetting", "frontier", "induction", "length", "mqar", "needle", "sharpness", "snr")
-HEADER = ("# Written by `python -m harness.run.wandb_sweeps` from harness/conf/experiment/paper/{name}.yaml:\n"
-          "# edit the experiment, then rewrite this file. Run with `wandb sweep` and `wandb agent`.\n")
+from harness.conf import CONF_DIR
+
+OUT_DIR = Path("sweeps")  # beside the user's runs; never inside the package (conf/ is Hydra's)
+HEADER = ("# Written by `python -m harness.run.wandb_sweeps {name}` from harness/conf/experiment/paper/{name}.yaml.\n"
+          "# Run with `wandb sweep` and `wandb agent`; write it again after the experiment changes.\n")
 METHODS = ("grid", "random", "bayes")
 PARAM_KEYS = ("value", "values", "distribution", "min", "max", "mu", "sigma", "q", "probabilities")
 
 
-def sweep_files() -> list[Path]:
-    return sorted(WANDB_DIR.glob("*.yaml"))
+@functools.cache
+def swept() -> tuple[str, ...]:
+    """The paper experiments that run as wandb sweeps: every one but those of mode=cost, whose
+    timings are only comparable when they come from one machine."""
+    from harness.config.compose import compose_experiment
+
+    names = sorted(p.stem for p in (CONF_DIR / "experiment" / "paper").glob("*.yaml"))
+    return tuple(n for n in names if compose_experiment(f"paper/{n}").mode != "cost")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -100,18 +111,35 @@ def from_experiment(name: str) -> dict[str, Any]:
     return {**sweep, "parameters": params, "command": ["python", "-m", "harness", "${args_no_hyphens}"]}
 
 
-def write(directory: Path = WANDB_DIR) -> list[Path]:
-    """Rewrite every sweep file from its paper experiment (`from_experiment`)."""
+def write(names=None, directory: Path = OUT_DIR) -> list[Path]:
+    """Write the sweep file of each experiment of ``names`` (default: every one of `swept`)
+    into ``directory`` from its paper experiment (`from_experiment`); returns the paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name in SWEPT:
-        path = Path(directory) / f"{name}.yaml"
+    for name in names or swept():
+        path = directory / f"{name}.yaml"
         body = yaml.safe_dump(from_experiment(name), sort_keys=False, default_flow_style=None, width=100)
         path.write_text(HEADER.format(name=name) + body)
         paths.append(path)
     return paths
 
 
-if __name__ == "__main__":
-    for written in write():
-        print(f"wrote {written}")
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.run.wandb_sweeps", description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", metavar="EXPERIMENT",
+                        help="paper experiments to write (default: every one that runs as a wandb sweep)")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"folder for the files (default {OUT_DIR})")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(swept()))
+    if unknown:
+        print(f"{parser.prog}: error: no wandb sweep for {', '.join(unknown)}; valid: {', '.join(swept())}",
+              file=sys.stderr)
+        return 2
+    for path in write(args.names, args.out):
+        print(f"wrote {path}: run it with `wandb sweep {path}`")
+    return 0
 
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,6 +7,7 @@ Random draws happen in a fixed order, so a (seed, split, device) triple fixes th
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, NoReturn, TypeVar
@@ -219,6 +220,25 @@ def sample_excluding(gen: torch.Generator, shape: tuple[int, int], low: int, hig
 def lengths(cfg) -> list[int]:
     """The evaluation lengths of a config with a seq_len and a test_seq_len list (empty: seq_len)."""
     return list(cfg.test_seq_len) or [cfg.seq_len]
+
+
+# ---------------------------------------------------------------------------------------------
+# the protocol's settings, shared: each task says which of its fields the evaluation varies
+
+def eval_grid(cfg: C, *fields: str, clear: Sequence[str] = ()) -> list[C]:
+    """One evaluation setting per combination of the config's test lists, each a plain
+    training-style config: for each of ``fields`` its ``test_<field>`` entries (empty: the
+    training value), the first field varying slowest; every ``test_*`` list, and each field of
+    ``clear``, emptied in the settings."""
+    values = [list(getattr(cfg, f"test_{name}")) or [getattr(cfg, name)] for name in fields]
+    empty = {f.name: [] for f in dataclasses.fields(cfg) if f.name.startswith("test_") or f.name in clear}
+    return [dataclasses.replace(cfg, **empty, **dict(zip(fields, combo))) for combo in itertools.product(*values)]
+
+
+def longest(cfg, seq_len: Callable, settings: Sequence) -> int:
+    """The longest sequence of ``cfg`` and of each of ``settings`` by the task's ``seq_len``: what
+    positional tables and the resource estimate are sized by."""
+    return max(int(seq_len(s)) for s in [cfg, *settings])
 
 
 def check_lengths(task: str, cfg) -> None:

@@ -35,15 +35,14 @@ the training length).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from harness.tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
-                                check_lengths, empty_labels, lengths, make_generator, permutation,
-                                power_law_offsets, require, sample_distinct)
+                                empty_labels, eval_grid, longest, make_generator, permutation,
+                                power_law_offsets, require, sample_distinct, validate_settings)
 
 NAME = "forgetting"
 SLICE_NAME = "overwritten"
@@ -91,28 +90,21 @@ def _validate_setting(cfg: Config, where: str) -> None:
 
 def validate(cfg: Config) -> None:
     """Raise ValueError (one line) unless the training and every evaluation setting is valid."""
-    cfg = as_config(Config, cfg, NAME)
-    check_lengths(NAME, cfg)
-    _validate_setting(cfg, "")
-    for setting in eval_settings(cfg):
-        _validate_setting(setting, "test ")
+    validate_settings(NAME, as_config(Config, cfg, NAME), _validate_setting, eval_settings)
 
 
 def eval_settings(cfg: Config) -> list[Config]:
     """One setting per entry of test_seq_len (default: the training length)."""
-    cfg = as_config(Config, cfg, NAME)
-    return [dataclasses.replace(cfg, seq_len=t, test_seq_len=[]) for t in lengths(cfg)]
+    return eval_grid(as_config(Config, cfg, NAME), "seq_len")
 
 
 def seq_len(cfg: Config) -> int:
-    """The length of this setting's examples, from the config alone (no example is generated):
-    what the resource estimate and the model's positions are sized by."""
+    """The length of this setting's examples, from the config alone (no example is generated)."""
     return as_config(Config, cfg, NAME).seq_len
 
 
 def max_seq_len(cfg: Config) -> int:
-    cfg = as_config(Config, cfg, NAME)
-    return max([cfg.seq_len, *lengths(cfg)])
+    return longest(cfg, seq_len, eval_settings(cfg))
 
 
 def latest_write(write_keys: torch.Tensor, asked: torch.Tensor) -> torch.Tensor:

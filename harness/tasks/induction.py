@@ -25,13 +25,12 @@ seq_len - max_distance > 8 * (num_triggers - 1), which guarantees a free start a
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
-from harness.tasks.base import (Batch, as_config, check_call, check_int, check_lengths, empty_labels, lengths,
-                        make_generator, randint, require, sample_distinct, uniform)
+from harness.tasks.base import (Batch, as_config, check_call, check_int, empty_labels, eval_grid, longest,
+                                make_generator, randint, require, sample_distinct, uniform, validate_settings)
 
 NAME = "induction"
 SLICE_NAME = "distance"
@@ -51,10 +50,7 @@ class Config:
 def validate(cfg: Config) -> None:
     """Raise ValueError (one line) unless every example of the training and of every
     evaluation length can be laid out."""
-    cfg = as_config(Config, cfg, NAME)
-    check_lengths(NAME, cfg)
-    for setting in [cfg, *eval_settings(cfg)]:
-        _validate_setting(setting, "" if setting is cfg else "test ")
+    validate_settings(NAME, as_config(Config, cfg, NAME), _validate_setting, eval_settings)
 
 
 def _validate_setting(cfg: Config, where: str) -> None:
@@ -79,19 +75,16 @@ def _validate_setting(cfg: Config, where: str) -> None:
 def eval_settings(cfg: Config) -> list[Config]:
     """One setting per entry of test_seq_len (default the training length), the same triggers
     and distances at each; accuracy is sliced by distance, each row with its length."""
-    cfg = as_config(Config, cfg, NAME)
-    return [dataclasses.replace(cfg, seq_len=t, test_seq_len=[]) for t in lengths(cfg)]
+    return eval_grid(as_config(Config, cfg, NAME), "seq_len")
 
 
 def seq_len(cfg: Config) -> int:
-    """The length of this setting's examples, from the config alone (no example is generated):
-    what the resource estimate and the model's positions are sized by."""
+    """The length of this setting's examples, from the config alone (no example is generated)."""
     return as_config(Config, cfg, NAME).seq_len
 
 
 def max_seq_len(cfg: Config) -> int:
-    cfg = as_config(Config, cfg, NAME)
-    return max([cfg.seq_len, *lengths(cfg)])
+    return longest(cfg, seq_len, eval_settings(cfg))
 
 
 def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device | str = "cpu",

@@ -37,7 +37,6 @@ key cannot share structure, so key_overlap > 0 requires key_len >= 2.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -45,8 +44,8 @@ from typing import Optional
 import torch
 
 from harness.tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
-                        empty_labels, make_generator, permutation, require, sample_distinct,
-                        validate_settings)
+                                empty_labels, eval_grid, longest, make_generator, permutation, require,
+                                sample_distinct, validate_settings)
 
 NAME = "interference"
 SLICE_NAME = "num_pairs"
@@ -121,17 +120,11 @@ def validate(cfg: Config) -> None:
 def eval_settings(cfg: Config) -> list[Config]:
     """One setting per (entry of test_num_pairs, entry of test_seq_len), N varying fastest
     (defaults: the training N and seq_len)."""
-    cfg = as_config(Config, cfg, NAME)
-    sizes = list(cfg.test_num_pairs) or [cfg.num_pairs]
-    lengths = list(cfg.test_seq_len) or [cfg.seq_len]
-    return [dataclasses.replace(cfg, num_pairs=n, seq_len=t, test_num_pairs=[], test_seq_len=[])
-            for t in lengths for n in sizes]
+    return eval_grid(as_config(Config, cfg, NAME), "seq_len", "num_pairs")
 
 
 def max_seq_len(cfg: Config) -> int:
-    """The longest sequence of the training and evaluation settings (for positional tables)."""
-    cfg = as_config(Config, cfg, NAME)
-    return max([seq_len(cfg)] + [seq_len(s) for s in eval_settings(cfg)])
+    return longest(cfg, seq_len, eval_settings(cfg))
 
 
 def _key_digits(codes: torch.Tensor, base: int, length: int) -> torch.Tensor:

@@ -40,9 +40,9 @@ from typing import Optional
 
 import torch
 
-from harness.tasks.base import (PAD, Batch, as_config, check_call, check_float, check_int, check_lengths,
-                                empty_labels, fail, lengths, make_generator, permutation, randint, require,
-                                sample_distinct, sample_excluding)
+from harness.tasks.base import (PAD, Batch, as_config, check_call, check_float, check_int, empty_labels,
+                                eval_grid, fail, longest, make_generator, permutation, randint, require,
+                                sample_distinct, sample_excluding, validate_settings)
 
 NAME = "needle"
 SLICE_NAME = "depth"
@@ -88,33 +88,26 @@ def _validate_setting(cfg: Config, where: str) -> None:
 def validate(cfg: Config) -> None:
     """Raise ValueError (one line) unless the training and every evaluation setting is valid."""
     cfg = as_config(Config, cfg, NAME)
-    check_lengths(NAME, cfg)
     if not isinstance(cfg.test_depth, (list, tuple)):
         fail(f"{NAME}: test_depth must be a list of depths (e.g. [0,0.5,1]), got {cfg.test_depth!r}")
     for d in cfg.test_depth:
         _check_depth("test_depth entry", d)
-    _validate_setting(cfg, "")
-    for setting in eval_settings(cfg):
-        _validate_setting(setting, "test ")
+    validate_settings(NAME, cfg, _validate_setting, eval_settings)
 
 
 def eval_settings(cfg: Config) -> list[Config]:
-    """One setting per (test depth, test length), depth varying fastest."""
-    cfg = as_config(Config, cfg, NAME)
-    depths = list(cfg.test_depth) or [cfg.depth]
-    return [dataclasses.replace(cfg, seq_len=t, depth=None if d is None else float(d), test_depth=[],
-                                test_seq_len=[]) for t in lengths(cfg) for d in depths]
+    """One setting per (test length, test depth), depth varying fastest."""
+    return [dataclasses.replace(s, depth=None if s.depth is None else float(s.depth))
+            for s in eval_grid(as_config(Config, cfg, NAME), "seq_len", "depth")]
 
 
 def seq_len(cfg: Config) -> int:
-    """The length of this setting's examples, from the config alone (no example is generated):
-    what the resource estimate and the model's positions are sized by."""
+    """The length of this setting's examples, from the config alone (no example is generated)."""
     return as_config(Config, cfg, NAME).seq_len
 
 
 def max_seq_len(cfg: Config) -> int:
-    cfg = as_config(Config, cfg, NAME)
-    return max([cfg.seq_len, *lengths(cfg)])
+    return longest(cfg, seq_len, eval_settings(cfg))
 
 
 def needle_slot(depth: float, slots: int, needles: int) -> int:

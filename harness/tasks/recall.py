@@ -82,8 +82,9 @@ from typing import Any, Optional
 import torch
 
 from harness.tasks.base import (IGNORE, PAD, Batch, as_config, balanced_choice, check_call, check_float,
-                        check_int, empty_labels, fail, lengths, make_generator, power_law_offsets, require,
-                        sample_distinct, sample_excluding, uniform, validate_settings)
+                                check_int, empty_labels, eval_grid, fail, longest, make_generator,
+                                power_law_offsets, require, sample_distinct, sample_excluding, uniform,
+                                validate_settings)
 
 NAME = "recall"
 MAX_POWER_A = 8.0
@@ -172,10 +173,7 @@ def validate(cfg: Config) -> None:
 
 def eval_settings(cfg: Config) -> list[Config]:
     """One setting per (test N, test length), N varying fastest; each a plain training-style Config."""
-    cfg = as_config(Config, cfg, NAME)
-    sizes = list(cfg.test_num_pairs) or [cfg.num_pairs]
-    return [dataclasses.replace(cfg, seq_len=t, num_pairs=n, mixture=[], test_seq_len=[], test_num_pairs=[])
-            for t in lengths(cfg) for n in sizes]
+    return eval_grid(as_config(Config, cfg, NAME), "seq_len", "num_pairs", clear=["mixture"])
 
 
 def val_settings(cfg: Config) -> list[Config]:
@@ -195,7 +193,7 @@ def seq_len(cfg: Config) -> int:
 def max_seq_len(cfg: Config) -> int:
     """The longest sequence of the training and evaluation settings (for positional tables)."""
     cfg = as_config(Config, cfg, NAME)
-    return max([cfg.seq_len] + [s.seq_len for s in eval_settings(cfg) + mixture_settings(cfg)])
+    return longest(cfg, lambda s: s.seq_len, eval_settings(cfg) + mixture_settings(cfg))
 
 
 def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device | str = "cpu",
