@@ -37,7 +37,7 @@ from analysis.pipeline import (FORMATS, FigureSpec, has_results, load_figure_dat
 from analysis.plots.attention import attention_figure
 from analysis.plots.capacity import capacity_figure
 from analysis.plots.cost import cost_figure, state_figure
-from analysis.plots.forgetting import forgetting_figure
+from analysis.plots.forgetting import forgetting_figure, reassignment_figure
 from analysis.plots.frontier import frontier_figure
 from analysis.plots.induction import induction_figure
 from analysis.plots.learning import learning_figure
@@ -64,6 +64,7 @@ FIGURES = (
     FigureSpec("needle", "needle", needle_figure),
     FigureSpec("frontier", "frontier", frontier_figure),
     FigureSpec("forgetting", "forgetting", forgetting_figure),
+    FigureSpec("reassignment", "reassignment", reassignment_figure),
     FigureSpec("learning", "sharpness", learning_figure, also=("capacity",)),  # default recall and capacity tasks
 )
 
