@@ -114,7 +114,7 @@ def test_the_check_fails_for_a_missing_mixer(tmp_path):
     assert "gated_deltanet" in set(builtin_names()) - swept - set(inapplicable(path))
 
 
-@pytest.mark.parametrize("name", ["capacity", "forgetting", "frontier"])
+@pytest.mark.parametrize("name", ["reassignment", "forgetting", "frontier"])
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_the_delta_rule_control_runs_where_it_is_asked(profile, name):
     choices = swept_models(PROFILES[profile] / f"{name}.yaml")
