@@ -465,8 +465,8 @@ def test_figures_not_drawn_exit_1_and_are_named(tree, tmp_path, capsys):
     code = figures.main(["--results", str(partial), "--out", str(tmp_path / "figs")])
     assert code == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last == ("python -m analysis.figures: 10 figure(s) not drawn: sharpness, attention, mqar, induction, "
-                    "cost, length, needle, frontier, forgetting, learning (see the warnings above)")
+    assert last == ("python -m analysis.figures: 11 figure(s) not drawn: sharpness, attention, mqar, induction, "
+                    "cost, length, needle, frontier, forgetting, reassignment, learning (see the warnings above)")
 
 
 def test_smoke_discovers_experiments_from_the_files():
