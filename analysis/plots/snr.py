@@ -21,11 +21,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import stats
-from analysis.plots.capacity import (SOURCES, capacity_selected, is_training_setting,  # noqa: F401
-                                     law_baseline_table, law_errors, out_of_sample_rows)
+from analysis.plots.capacity import SOURCES, capacity_selected, law_baseline_table, law_errors, out_of_sample_rows
 from analysis.plots.common import (MissingData, WIDTH, caption, figure, label_order, label_styles, labelled,
-                                   legend_outside, loglog_slope, new_figure, note, palette, retrieval_heads,
-                                   setting_values, table)
+                                   legend_outside, loglog_slope, new_figure, note, palette, retrieval_heads, table)
 
 FILLED = {"untrained probe": False, "trained": True}
 _COLUMNS = ["model", "label", "source", "snr_predicted", "snr_measured"]
