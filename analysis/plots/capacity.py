@@ -18,6 +18,13 @@ task.test_num_pairs. Panels:
    the run's head width (x d_head / 64).
 
 Every point: each seed drawn, the mean, and an interval only from five seeds (analysis.stats).
+A point with a seed that ended at trainer.max_steps is a lower bound (capacity_protocol.csv's
+lower_bound, hollow in the figure): no ranking is read from it, and a break point that rests on
+one says so (n50_lower_bound). capacity_n50.csv gives Schlag's criterion beside N at 50%
+(n_recalled: the largest N recalled at RECALL_THRESHOLD) and the out-of-sample law's mean error
+beside its two naive baselines' (harness.measure.out_of_sample.predict_baselines), in accuracy
+and log-odds, softmax apart (capacity_law_baseline.csv); capacity_stops.csv the share of runs
+stopped on their validation plateau.
 A mixer joins by its name in the experiment's model list; its variants (dpfp ν, FAVOR+
 features, the additive control) are told apart by the options that vary (analysis.plots.labels).
 """

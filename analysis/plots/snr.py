@@ -12,6 +12,10 @@ predict the top-1 accuracy at every other tested N through harness.measure.theor
 accuracy measured at the same setting. Only settings other than the training one are drawn:
 at the training setting the statistics have seen the answer. Trained runs come from the
 capacity sweep, at the learning rate chosen on validation there (analysis.plots.capacity).
+snr_out_of_sample.csv puts beside each prediction the two naive extrapolations from the same
+training point (nominal: the random-key law at d_key; anchored: the training read-out carried
+with the random-key slope) and every source's error in accuracy and in log-odds;
+snr_law_baseline.csv says per mixer whether the law beats them (softmax apart).
 """
 from __future__ import annotations
 
