@@ -106,7 +106,10 @@ def test_wandb_sweep_file_is_its_paper_experiment_and_its_commands_compose(path)
 
 def test_every_paper_experiment_but_cost_is_a_wandb_sweep_file():
     names = {p.stem for p in wandb_sweeps.sweep_files()}
-    assert names == set(wandb_sweeps.SWEPT) == {p.stem for p in (CONF_DIR / "experiment" / "paper").glob("*.yaml")} - {"cost"}
+    # cost: timings from one machine; capacity_rates (a rate pilot) and reassignment (the delta
+    # rule against its controls) sweep a few mixers by design, not every built-in
+    assert names == set(wandb_sweeps.SWEPT) == {p.stem for p in (CONF_DIR / "experiment" / "paper").glob("*.yaml")} \
+        - {"cost", "capacity_rates", "reassignment"}
 
 
 def test_every_figure_has_a_wandb_sweep_file():
