@@ -111,3 +111,53 @@ def extension_overrides(lr: float, models: list[str]) -> list[str]:
 def is_extended(run_dir: str) -> bool:
     """A run the second stage added (it lies under an lr_extended folder)."""
     return f"/{EXTENDED_DIR}/" in f"/{Path(run_dir).as_posix()}/"
+
+
+# ---- the rate pilot: one seed per mixer, width and rate, on the validation split, run before
+# an experiment that has one (<experiment>_rates.yaml); the experiment then runs each mixer at
+# the rate the pilot chose for it, one sweep per chosen rate under <sweep>/lr_<rate>/.
+
+PILOT_SUFFIX = "_rates"
+WIDTH_KEY = "model.d_model"
+
+
+def pilot_name(experiment: str) -> str:
+    return f"{experiment}{PILOT_SUFFIX}"
+
+
+def pilot_choices(rows: list[dict]) -> list[dict]:
+    """Per (model, width) of the pilot's runs (run_scores rows): every rate's mean validation
+    accuracy and the chosen one (the best; ties: the lower rate), with chosen_at_edge where it
+    is the lowest or highest rate tried."""
+    by_point = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        model = row["overrides"].get("model")
+        if model is None or math.isnan(row["lr"]):
+            continue
+        by_point[(model, row["overrides"].get(WIDTH_KEY))][row["lr"]].append(row["score"])
+    out = []
+    for (model, width), per_lr in sorted(by_point.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        means = {lr: sum(s) / len(s) for lr, s in sorted(per_lr.items())}
+        best = max(means, key=lambda lr: (means[lr], -lr))
+        for lr, mean in means.items():
+            out.append({"model": model, "width": width, "lr": lr, "val_accuracy": mean, "runs": len(per_lr[lr]),
+                        "chosen": lr == best, "chosen_at_edge": lr == best and len(means) > 1
+                        and lr in (min(means), max(means))})
+    return out
+
+
+def rate_groups(choices: list[dict]) -> dict[tuple[float, str | None], list[str]]:
+    """{(chosen rate, width): the models that run at it}: one sweep each."""
+    groups = defaultdict(list)
+    for row in choices:
+        if row["chosen"]:
+            groups[(row["lr"], row["width"])].append(row["model"])
+    return {key: sorted(models) for key, models in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))}
+
+
+def chosen_dir(sweep_dir: Path, lr: float, width: str | None) -> Path:
+    return sweep_dir / (f"lr_{lr:.3g}" if width is None else f"lr_{lr:.3g}_d{width}")
+
+
+def chosen_overrides(lr: float, width: str | None, models: list[str]) -> list[str]:
+    return [*extension_overrides(lr, models), *([] if width is None else [f"{WIDTH_KEY}={width}"])]

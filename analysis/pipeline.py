@@ -43,14 +43,50 @@ def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> li
         sweep_dir = root / experiment
         if has_results(sweep_dir):
             continue
-        cmd = sweep_command(profile, experiment, sweep_dir)
-        print(f"running sweep {experiment}: {' '.join(cmd)}", flush=True)
-        code = runner(cmd, check=False).returncode
-        if code != 0:
-            warn(f"sweep {experiment} exited with status {code}")
+        groups = pilot_rates(root, experiment, profile, runner)
+        commands = [sweep_command(profile, experiment, lr_edge.chosen_dir(sweep_dir, lr, width))
+                    + lr_edge.chosen_overrides(lr, width, models) for (lr, width), models in groups.items()] \
+            or [sweep_command(profile, experiment, sweep_dir)]
+        for cmd in commands:
+            print(f"running sweep {experiment}: {' '.join(cmd)}", flush=True)
+            code = runner(cmd, check=False).returncode
+            if code != 0:
+                warn(f"sweep {experiment} exited with status {code}")
         ran.append(experiment)
         extend_edge_rates(root, experiment, profile, runner)
     return ran
+
+
+def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
+    """The rate pilot of ``experiment`` (analysis.lr_edge), where the profile has one
+    (<experiment>_rates.yaml): runs it into <root>/<experiment>_rates when missing, writes its
+    choices there (chosen_rates.csv: every rate's validation accuracy, the chosen one), and
+    returns {(rate, width): models}; {} without a pilot or where the experiment's own grid has
+    several rates."""
+    import csv
+
+    from harness.config.compose import CONF_DIR
+
+    name = lr_edge.pilot_name(experiment)
+    folder = CONF_DIR / "experiment" / ("" if profile == "quick" else profile)
+    if not (folder / f"{name}.yaml").exists() or len(lr_edge.grid_rates(sweep_params(profile, experiment))) >= 2:
+        return {}  # no pilot, or a grid that chooses its rate per point itself
+    pilot_dir = root / name
+    if not has_results(pilot_dir):
+        cmd = sweep_command(profile, name, pilot_dir)
+        print(f"running rate pilot {name}: {' '.join(cmd)}", flush=True)
+        code = (runner or subprocess.run)(cmd, check=False).returncode
+        if code != 0:
+            warn(f"rate pilot {name} exited with status {code}")
+    choices = lr_edge.pilot_choices(lr_edge.run_scores(pilot_dir))
+    if choices:
+        with open(pilot_dir / "chosen_rates.csv", "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(choices[0]))
+            writer.writeheader()
+            writer.writerows(choices)
+    else:
+        warn(f"rate pilot {name}: no finished run; {experiment} runs at its own grid's rates")
+    return lr_edge.rate_groups(choices)
 
 
 def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, params=None) -> list[Path]:

@@ -93,7 +93,7 @@ def test_cost_excludes_the_window_with_its_reason():
         assert "harness.bench has no case" in _model_line(name)
 
 
-@pytest.mark.parametrize("name", ["capacity", "forgetting", "frontier"])
+@pytest.mark.parametrize("name", ["reassignment", "forgetting", "frontier"])
 @pytest.mark.parametrize("profile", list(PROFILES))
 def test_the_delta_rule_control_runs_where_it_is_asked(profile, name):
     choices = experiment_grid(_name(profile, name))["model"]

@@ -42,7 +42,8 @@ def drawn(frames) -> dict[str, Figure]:
 # Tables of fits, tests and rankings derived from the points; every other CSV is one row per
 # point with its seeds.
 DERIVED = {"snr_slopes", "capacity_families", "capacity_schlag", "capacity_ranking", "sharpness_ranking",
-           "induction_ranking", "forgetting_gap", "frontier_ranking", "mqar_ranking"}
+           "induction_ranking", "forgetting_gap", "frontier_ranking", "mqar_ranking", "capacity_stops",
+           "capacity_law_baseline", "snr_law_baseline", "reassignment_rule"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -436,7 +437,7 @@ def test_missing_sweeps_are_run_then_plotted(profile, tmp_path, monkeypatch, cap
     assert figures.main(["--profile", profile, "--out", "figs", "--only", *chosen]) == 1  # cost not drawn
     prefix = "" if profile == "quick" else "paper/"
     missing = [e for e in ("snr", "sharpness", "mqar", "induction", "cost", "length", "needle", "frontier",
-                           "forgetting") if e in chosen]
+                           "forgetting", "reassignment") if e in chosen]
     # each missing sweep run once (capacity exists), in the order the figures are declared
     assert sorted(c[4] for c in calls) == sorted(f"+experiment={prefix}{e}" for e in missing)
     assert all(c[:4] == [sys.executable, "-m", "harness", "-m"] for c in calls)

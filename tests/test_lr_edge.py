@@ -75,3 +75,38 @@ def test_the_second_stage_runs_and_is_marked(tmp_path):
     assert sorted(extended["model"]) == ["elu", "mamba"] and len(runs) == 11
     # a second pass finds the extensions done and runs nothing
     assert figures.extend_edge_rates(tmp_path, "x", "quick", runner, params=GRID) == [] and len(calls) == 2
+
+
+def test_the_pilot_chooses_a_rate_per_mixer_on_validation(tmp_path):
+    choices = lr_edge.pilot_choices(lr_edge.run_scores(_sweep(tmp_path)))
+    chosen = {r["model"]: r["lr"] for r in choices if r["chosen"]}
+    assert chosen == {"elu": 1e-3, "mamba": 1e-2, "softmax": 3e-3}
+    edge = {r["model"] for r in choices if r["chosen_at_edge"]}
+    assert edge == {"elu", "mamba"} and len(choices) == 9
+    groups = lr_edge.rate_groups(choices)
+    assert groups == {(1e-3, None): ["elu"], (3e-3, None): ["softmax"], (1e-2, None): ["mamba"]}
+    assert lr_edge.chosen_overrides(3e-3, "8", ["softmax"]) == ["model=softmax", "trainer.lr=0.003", "model.d_model=8"]
+
+
+def test_the_experiment_runs_each_mixer_at_its_pilot_rate(tmp_path, monkeypatch):
+    """capacity has a pilot (capacity_rates.yaml) and one rate: the pipeline runs the pilot, writes
+    its choices, then one capacity sweep per chosen rate with that rate's mixers."""
+    from analysis import pipeline
+
+    calls = []
+
+    def runner(cmd, check=False):
+        calls.append(cmd)
+        out = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1].strip("'"))
+        if out.name == "capacity_rates":
+            for i, (model, lr) in enumerate([("elu", 3e-3), ("elu", 1e-2), ("deltanet", 3e-3), ("deltanet", 1e-2)]):
+                _run(out / str(i), model, lr, 0.9 if (model, lr) in (("elu", 1e-2), ("deltanet", 3e-3)) else 0.5)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(pipeline, "extend_edge_rates", lambda *a, **k: [])
+    assert pipeline.run_missing_sweeps(tmp_path, ["capacity"], "quick", runner) == ["capacity"]
+    assert "+experiment=capacity_rates" in calls[0]
+    rest = sorted(" ".join(c) for c in calls[1:])
+    assert len(rest) == 2 and "model=deltanet trainer.lr=0.003" in rest[0] and "model=elu trainer.lr=0.01" in rest[1]
+    assert "/capacity/lr_0.003" in rest[0].replace("\\", "/")
+    assert (tmp_path / "capacity_rates" / "chosen_rates.csv").read_text().count("\n") == 5

@@ -84,6 +84,34 @@ def test_monotonicity():
     assert torch.isnan(sharpness(uniform(T), scores=scores[0])["monotonicity"]).all()  # constant rows
 
 
+def test_monotonicity_is_hedgehogs_on_shared_inputs():
+    """Hedgehog's protocol: the same q and k through each map, each map's weights ranked against
+    softmax's score q.k / sqrt(d). Softmax and the identity map keep its order by construction
+    (1); elu+1 and FAVOR+ do not (below 1, still positive); a decay reorders the keys by age."""
+    from harness import features, ops
+
+    g = torch.Generator().manual_seed(3)
+    d = 8
+    q, k = (torch.randn(1, 1, T, d, generator=g, dtype=torch.float64) for _ in range(2))
+    scores = (q @ k.transpose(-1, -2))[0, 0] / math.sqrt(d)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def score(weights):
+        return float(sharpness(weights[0, 0], scores=scores)["monotonicity"][2:].mean())
+
+    soft = scores.masked_fill(~mask, -math.inf).softmax(-1)[None, None]
+    assert score(soft) == pytest.approx(1.0)
+    got = {}
+    for name in ("identity", "elu1", "favor"):
+        phi = features.feature_map(name, d, m=4 * d, seed=0)
+        normalize = name != "identity"  # the identity map's weights are the raw q.k
+        got[name] = score(ops.linear_weights(phi(q, is_query=True), phi(k, is_query=False), normalize=normalize))
+    assert got["identity"] == pytest.approx(1.0)
+    assert 0.0 < got["elu1"] < 0.99 and 0.0 < got["favor"] < 0.99
+    decayed = scores * (0.7 ** (torch.arange(T)[:, None] - torch.arange(T)[None, :])).clamp(max=1.0)
+    assert score(decayed.masked_fill(~mask, 0.0)[None, None]) < 0.99
+
+
 def test_spearman_matches_scipy_with_ties():
     g = torch.Generator().manual_seed(1)
     a = torch.randint(0, 4, (5, 20), generator=g).to(torch.float64)  # many ties

@@ -19,8 +19,8 @@ from test_trained_theory import frozen_random_keys
 
 from harness import ops
 from harness.measure import probe, theory
-from harness.measure.out_of_sample import (Reads, TrainStats, law_n_eff, predict_from_train, reads_of,
-                                           survival_sums)
+from harness.measure.out_of_sample import (Reads, TrainStats, flat_n_eff, law_n_eff, predict_baselines,
+                                           predict_from_train, read_accuracy, reads_of, survival_sums)
 from harness.measure.trained import crosstalk_mass, decay_gain_sq
 from harness.measure.trained_theory import train_statistics
 
@@ -163,3 +163,33 @@ def test_delta_read_energy_at_is_delta_read_energy():
 def test_a_law_that_does_not_apply_says_so(measured):
     stats = dataclasses.replace(measured["linear"][0], law="not applicable: window")
     assert all(math.isnan(v) for v in predict_from_train(stats, layout(32)).values())
+
+
+def test_the_baselines_carry_the_training_point_with_the_random_key_slope(measured):
+    """Anchored: the training read-out SNR scaled by N_flat(training) / N_flat(test), so at 4x the
+    flat count its SNR is half the training one; nominal: the random-key law at d_key. Both
+    through the law's own accuracy map, and both fall as N grows."""
+    stats, _ = measured["linear"]
+    assert stats.d_key == D and stats.n_eff_flat == pytest.approx(TRAIN_N)  # every read sees n others
+    n = 4 * TRAIN_N
+    got = predict_baselines(stats, layout(n))
+    # layout(n): every read has n other writes before it, the flat count is n at every read
+    assert flat_n_eff(layout(n), 1) == n
+    assert got["acc_baseline_anchored"] == pytest.approx(
+        read_accuracy(np.full(n + 1, stats.snr_readout / 2), C, stats.value_dim, n), rel=1e-9)
+    assert got["acc_baseline_nominal"] == pytest.approx(
+        read_accuracy(np.full(n + 1, math.sqrt(D / n)), C, stats.value_dim, n), rel=1e-9)
+    far = predict_baselines(stats, layout(8 * TRAIN_N))
+    assert far["acc_baseline_anchored"] < got["acc_baseline_anchored"]
+    assert far["acc_baseline_nominal"] < got["acc_baseline_nominal"]
+
+
+def test_a_decay_law_beats_the_flat_baselines_where_the_decay_matters(measured):
+    """retnet's frozen memory at 8x its training N: the flat count keeps growing while the decay
+    caps what the newest pairs see, so the law is nearer the probe than either baseline."""
+    stats, _ = measured["retnet"]
+    n = TEST_NS[-1]
+    want = probe.probe_row("retnet", D, n + 1, candidates=C, min_queries=4096)["acc_measured"]
+    law = predict_from_train(stats, layout(n))["acc_predicted_from_train"]
+    base = predict_baselines(stats, layout(n))
+    assert abs(law - want) < min(abs(base[k] - want) for k in base), (law, base, want)

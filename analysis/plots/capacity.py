@@ -18,6 +18,13 @@ task.test_num_pairs. Panels:
    the run's head width (x d_head / 64).
 
 Every point: each seed drawn, the mean, and an interval only from five seeds (analysis.stats).
+A point with a seed that ended at trainer.max_steps is a lower bound (capacity_protocol.csv's
+lower_bound, hollow in the figure): no ranking is read from it, and a break point that rests on
+one says so (n50_lower_bound). capacity_n50.csv gives Schlag's criterion beside N at 50%
+(n_recalled: the largest N recalled at RECALL_THRESHOLD) and the out-of-sample law's mean error
+beside its two naive baselines' (harness.measure.out_of_sample.predict_baselines), in accuracy
+and log-odds, softmax apart (capacity_law_baseline.csv); capacity_stops.csv the share of runs
+stopped on their validation plateau.
 Every mixer the sweep ran is drawn (harness.config.mixers); its variants (dpfp ν, FAVOR+
 features, the additive control) are told apart by the options that vary (analysis.plots.labels).
 """
@@ -41,7 +48,8 @@ from analysis.plots.reference import SCHLAG_BREAKS, SCHLAG_D_KEY
 FIGURES = (
     FigureSpec("capacity", "capacity", "capacity_figure", notebook="nb_capacity",
                tables=("capacity_per_lr", "capacity_n50", "capacity_schlag", "capacity_protocol",
-                       "capacity_extrapolation", "capacity_families", "capacity_ranking")),
+                       "capacity_extrapolation", "capacity_families", "capacity_stops", "capacity_law_baseline",
+                       "capacity_ranking")),
 )
 
 TRAIN_N = "config.task.num_pairs"
@@ -49,11 +57,16 @@ POINT = ["label", WIDTH, "train_n"]   # one trained model family: the learning r
 FROM_TRAIN = "acc_predicted_from_train"
 READOUT = "acc_readout_trained"
 STATE = "summary.state_elements_per_layer"
+STOP = "summary.stop_reason"
+# Schlag et al.'s criterion: the largest N still recalled, read at this accuracy (beside N at 50%)
+RECALL_THRESHOLD = 0.9
 
 
 def capacity_points(data: pd.DataFrame) -> pd.DataFrame:
     """Interference-task slices by number of pairs, labelled, with the run's training N
-    (``train_n``; NaN for runs that do not say) and the test N (``value``)."""
+    (``train_n``; NaN for runs that do not say), the test N (``value``) and ``lower_bound``: the run
+    ended at trainer.max_steps (summary.stop_reason), not on its validation plateau, so its
+    accuracy is a lower bound on what the mixer reaches there."""
     rows = table(data, "slices", primary=True)
     if "slice" in rows.columns:
         rows = rows[rows["slice"] == "num_pairs"]
@@ -62,7 +75,8 @@ def capacity_points(data: pd.DataFrame) -> pd.DataFrame:
     rows = require(rows, ["model", "value", "accuracy"], "interference-task accuracy by num_pairs")
     if WIDTH not in rows.columns:
         rows = rows.assign(**{WIDTH: np.nan})
-    rows = rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan)
+    rows = rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan,
+                       lower_bound=rows[STOP].eq("max_steps") if STOP in rows.columns else False)
     return labelled(rows)
 
 
@@ -154,6 +168,146 @@ def half_point(n, accuracy) -> float:
     return float(math.exp(math.log(n0) + frac * (math.log(n1) - math.log(n0))))
 
 
+def recalled_n(n, accuracy, threshold: float = RECALL_THRESHOLD) -> float:
+    """Schlag et al.'s criterion: the largest N whose mean accuracy is still >= threshold, every
+    smaller N too; NaN if the smallest N is already below it."""
+    curve = pd.Series(np.asarray(accuracy, float), index=np.asarray(n, float)).groupby(level=0).mean().sort_index()
+    curve = curve.dropna()
+    failing = np.nonzero(curve.to_numpy() < threshold)[0]
+    held = curve.index if failing.size == 0 else curve.index[:failing[0]]
+    return float(held[-1]) if len(held) else math.nan
+
+
+def rests_on_lower_bounds(n, lower_bound, break_n: float) -> bool:
+    """Whether a break point read at ``break_n`` rests on a run that ended at max_steps: any such
+    run at N <= the first tested N past the break (their accuracy could be higher, the break
+    later). A break that holds past every tested N rests on all of them."""
+    n, lower = np.asarray(n, float), np.asarray(lower_bound, bool)
+    if not np.isfinite(break_n):
+        return bool(lower.any())
+    past = n[n > break_n]
+    limit = past.min() if past.size else math.inf
+    return bool(lower[n <= limit].any())
+
+
+def mark_lower_bounds(points: pd.DataFrame, rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """``points`` (stats.summarize of ``rows`` by ``by``) with runs_at_max_steps (seeds of the
+    point that ended at max_steps) and lower_bound (any did: the mean is a lower bound)."""
+    if points.empty:
+        return points.assign(runs_at_max_steps=pd.Series(dtype=int), lower_bound=pd.Series(dtype=bool))
+    runs = rows.drop_duplicates(["run_dir", *by]) if "run_dir" in rows.columns else rows
+    keys = runs[by].astype(object).where(runs[by].notna(), "<na>")
+    at_max = runs.assign(**{k: keys[k] for k in by}).groupby(by)["lower_bound"].sum()
+    index = pd.MultiIndex.from_frame(points[by].astype(object).where(points[by].notna(), "<na>")) \
+        if len(by) > 1 else points[by[0]].astype(object).where(points[by[0]].notna(), "<na>")
+    counts = at_max.reindex(index).fillna(0).astype(int).to_numpy()
+    return points.assign(runs_at_max_steps=counts, lower_bound=counts > 0)
+
+
+def stop_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per mixer and all together: runs, how many stopped on the validation plateau and how many
+    at max_steps, and the share on the plateau (summary.stop_reason; NaN where runs do not say)."""
+    runs = rows.drop_duplicates("run_dir") if "run_dir" in rows.columns else rows
+    reason = runs[STOP] if STOP in runs.columns else pd.Series(np.nan, index=runs.index)
+    runs = runs.assign(_plateau=reason.eq("plateau"), _max=reason.eq("max_steps"), _known=reason.notna())
+    out = []
+    for label, grp in [*runs.groupby("label"), ("all", runs)]:
+        known = int(grp["_known"].sum())
+        out.append({"label": label, "runs": len(grp), "on_plateau": int(grp["_plateau"].sum()),
+                    "at_max_steps": int(grp["_max"].sum()),
+                    "plateau_share": grp["_plateau"].sum() / known if known else math.nan})
+    return pd.DataFrame(out)
+
+
+# ---- the law against its baselines (harness.measure.out_of_sample.predict_baselines)
+
+SOURCES = {"law": FROM_TRAIN, "nominal": "acc_baseline_nominal", "anchored": "acc_baseline_anchored"}
+TOLERANCE = "config.analysis.law_tolerance_logodds"  # written in the experiment before its runs
+FLOOR = 0.005  # log-odds clip where a row does not say how many queries it counted
+
+
+def is_training_setting(row: pd.Series) -> bool:
+    """Whether a settings row is its run's training setting: every field its name sets
+    (num_pairs=16, seq_len=256) equals the run's config.task.<field>."""
+    fields = setting_values(row.get("name", ""))
+    known = {k: v for k, v in fields.items() if f"config.task.{k}" in row.index and pd.notna(row[f"config.task.{k}"])}
+    return bool(known) and all(row[f"config.task.{k}"] == v for k, v in known.items())
+
+
+def out_of_sample_rows(data: pd.DataFrame, chosen: set | None) -> pd.DataFrame:
+    """Settings rows of the ``chosen`` runs (None: every run) other than their training setting
+    with both the measured accuracy and acc_predicted_from_train, labelled, with train_n and
+    test_n; empty if none."""
+    settings = table(data, "settings")
+    if not {FROM_TRAIN, "accuracy", "run_dir", "name"} <= set(settings.columns):
+        return pd.DataFrame()
+    if chosen is not None:
+        settings = settings[settings["run_dir"].isin(chosen)]
+    settings = settings.dropna(subset=[FROM_TRAIN, "accuracy"])
+    if settings.empty:
+        return settings
+    other = settings[[not is_training_setting(r) for _, r in settings.iterrows()]]
+    if WIDTH not in other.columns:
+        other = other.assign(**{WIDTH: np.nan})
+    train_n = other[TRAIN_N] if TRAIN_N in other.columns else np.nan
+    other = other.assign(train_n=train_n, test_n=[setting_values(n).get("num_pairs", np.nan) for n in other["name"]])
+    return labelled(other)
+
+
+def log_odds(p, count=None) -> np.ndarray:
+    """logit of accuracies, clipped half a query in from 0 and 1 (1 / (2 count); FLOOR where the
+    count is unknown), so that a floor or a ceiling costs a finite error."""
+    p = np.asarray(p, float)
+    eps = FLOOR if count is None else 0.5 / np.maximum(np.asarray(count, float), 1.0)
+    eps = np.where(np.isfinite(eps), eps, FLOOR)
+    q = np.clip(p, eps, 1 - eps)
+    return np.log(q / (1 - q))
+
+
+def law_errors(points: pd.DataFrame) -> pd.DataFrame:
+    """Out-of-sample rows with each source's |error| against the measured accuracy, in accuracy
+    (err_<source>_acc) and in log-odds (err_<source>_logodds), NaN where a source is missing."""
+    count = points["count"] if "count" in points.columns else None
+    measured = log_odds(points["accuracy"], count)
+    extra = {}
+    for source, column in SOURCES.items():
+        pred = points[column].astype(float) if column in points.columns else pd.Series(np.nan, index=points.index)
+        extra[f"err_{source}_acc"] = (pred - points["accuracy"]).abs()
+        extra[f"err_{source}_logodds"] = pd.Series(np.abs(log_odds(pred, count) - measured),
+                                                   index=points.index).where(pred.notna())
+    return points.assign(**extra)
+
+
+def law_baseline_table(points: pd.DataFrame) -> pd.DataFrame:
+    """Per mixer and width: the mean |error| of the law and of each baseline over its
+    out-of-sample settings (accuracy and log-odds), whether the law beats the better baseline
+    in log-odds, whether it is within the experiment's tolerance, and counted_in_mean (False for
+    softmax, whose prediction sits at the ceiling: reported apart); then one row, label "mean
+    (softmax apart)", over the mixers counted."""
+    if points.empty:
+        return pd.DataFrame(columns=["label", WIDTH, "settings", "law_beats_baseline"])
+    errors = law_errors(points)
+    cols = [c for c in errors.columns if c.startswith("err_")]
+    tol = float(errors[TOLERANCE].dropna().iloc[0]) if TOLERANCE in errors.columns and errors[TOLERANCE].notna().any() \
+        else math.nan
+    rows = []
+    for (label, width), grp in errors.groupby(["label", WIDTH], dropna=False):
+        row = {"label": label, WIDTH: width, "family": _family(grp.iloc[0]), "settings": len(grp),
+               **{c: float(grp[c].mean()) for c in cols}}
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["counted_in_mean"] = out["family"] != "softmax"
+    counted = out[out["counted_in_mean"]]
+    mean = {"label": "mean (softmax apart)", WIDTH: math.nan, "family": "", "settings": int(counted["settings"].sum()),
+            **{c: float(counted[c].mean()) for c in cols}, "counted_in_mean": False}
+    out = pd.concat([out, pd.DataFrame([mean])], ignore_index=True)
+    baseline = out[["err_nominal_logodds", "err_anchored_logodds"]].min(axis=1, skipna=True)
+    out["law_beats_baseline"] = (out["err_law_logodds"] < baseline).where(out["err_law_logodds"].notna() & baseline.notna())
+    out["tolerance_logodds"] = tol
+    out["law_within_tolerance"] = (out["err_law_logodds"] <= tol).where(np.isfinite(tol) & out["err_law_logodds"].notna())
+    return out
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else math.nan
 
@@ -161,7 +315,9 @@ def _ratio(a: float, b: float) -> float:
 def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame, readout: pd.DataFrame | None = None,
                         reference: float | None = None) -> pd.DataFrame:
     """Per mixer (label) and width: N at 50% of the per-N protocol (its seeds' values, n, mean
-    and interval), of the extrapolation from the reference training N measured and predicted out
+    and interval; n50_lower_bound where it rests on a run that ended at max_steps), Schlag's
+    criterion (n_recalled: the largest N recalled at recall_threshold, and its lower-bound
+    flag), N at 50% of the extrapolation from the reference training N measured and predicted out
     of sample (and read out of the same weights), their ratios, state elements and parameters.
     ``reference``: the training N of the extrapolation (default: reference_n of ``selected``)."""
     ref = reference_n(selected, reference)
@@ -176,6 +332,8 @@ def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame, readout
         read = readout[(readout["label"] == label) & _same(readout[WIDTH], width)] \
             if readout is not None and len(readout) else pd.DataFrame()
         per_n = half_point(proto["value"], proto["accuracy"]) if len(proto) else math.nan
+        recalled = recalled_n(proto["value"], proto["accuracy"]) if len(proto) else math.nan
+        lower = proto["lower_bound"] if "lower_bound" in proto.columns else np.zeros(len(proto), bool)
         measured = half_point(extra["value"], extra["accuracy"]) if len(extra) else math.nan
         expected = half_point(pred["value"], pred["predicted"]) if len(pred) else math.nan
         read_out = half_point(read["value"], read[READOUT]) if len(read) else math.nan
@@ -185,7 +343,10 @@ def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame, readout
         first = grp.iloc[0]
         row = {"label": label, "model": first["model"], "family": _family(first), WIDTH: width,
                "d_head": _median(grp, "summary.d_head"), "reference_n": ref,
-               "n50_per_n": per_n, "n50_extrapolation": measured, "n50_predicted": expected,
+               "n50_per_n": per_n, "n50_lower_bound": rests_on_lower_bounds(proto["value"], lower, per_n),
+               "recall_threshold": RECALL_THRESHOLD, "n_recalled": recalled,
+               "n_recalled_lower_bound": rests_on_lower_bounds(proto["value"], lower, recalled),
+               "n50_extrapolation": measured, "n50_predicted": expected,
                "n50_readout": read_out,
                "ratio_predicted_to_extrapolation": _ratio(expected, measured),
                "ratio_predicted_to_per_n": _ratio(expected, per_n),
@@ -292,6 +453,19 @@ def _draw_table(ax, frame: pd.DataFrame) -> None:
     ax.set_title("break points beside Schlag et al. (2021)\n(keys at 50% recall; scaled to d_head)", fontsize="small")
 
 
+def _share_text(share: pd.Series) -> str:
+    if share.empty or not np.isfinite(share.iloc[0]):
+        return "runs do not say where they stopped (summary.stop_reason)"
+    return f"{share.iloc[0]:.0%} of runs stopped on their validation plateau"
+
+
+def _mark_lower_bounds(ax, points: pd.DataFrame, colors, markers) -> None:
+    """Hollow over the mean of every point with a seed that ended at max_steps."""
+    for _, row in points[points["lower_bound"].astype(bool)].iterrows():
+        ax.scatter([row["value"]], [row["mean"]], s=30, marker=markers[row["label"]], facecolors="white",
+                   edgecolors=colors[row["label"]], linewidths=1.0, zorder=4)
+
+
 @figure("capacity")
 def capacity_figure(data, reference: float | None = None) -> Figure:
     """The per-N protocol, the extrapolation from one training N with its out-of-sample
@@ -302,11 +476,18 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     extra_runs = selected[selected["train_n"] == ref] if np.isfinite(ref) else selected
     order = label_order(selected)
     colors, markers = label_styles(selected)
-    proto_pts = stats.summarize(protocol, ["label", WIDTH, "value"], "accuracy", count="count")
-    extra_pts = stats.summarize(extra_runs, ["label", WIDTH, "value"], "accuracy", count="count")
+    point = ["label", WIDTH, "value"]
+    proto_pts = mark_lower_bounds(stats.summarize(protocol, point, "accuracy", count="count"), protocol, point)
+    extra_pts = mark_lower_bounds(stats.summarize(extra_runs, point, "accuracy", count="count"), extra_runs, point)
+    stops = stop_table(selected)
     predicted = predicted_points(data, run_labels(extra_runs))
     readout = readout_points(data, run_labels(extra_runs))
     half = half_capacity_table(selected, predicted, readout, ref)
+    versus = law_baseline_table(out_of_sample_rows(data, set(selected["run_dir"])))
+    if len(versus):
+        keep = [c for c in versus.columns if c.startswith("err_")] + ["law_beats_baseline", "law_within_tolerance",
+                                                                        "tolerance_logodds", "counted_in_mean"]
+        half = half.merge(versus[["label", WIDTH, *keep]], on=["label", WIDTH], how="left")
     fits = family_fits(half)
 
     fig, axes = new_figure(2, 3, panel=(3.6, 3.1), legend=2.2)
@@ -316,6 +497,7 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
         ax.remove()
     tab_ax = fig.add_subplot(grid[1, 1:])  # the table takes the width of two panels
     draw_estimates(proto_ax, proto_pts, "value", colors, markers, log_x=True)
+    _mark_lower_bounds(proto_ax, proto_pts, colors, markers)
     log2_axis(proto_ax, proto_pts["value"])
     proto_ax.set(ylim=(-0.02, 1.02), xlabel="N  (stored pairs; trained and tested at N)",
                  ylabel="recall accuracy (fraction)", title="one model per N (Schlag's protocol)")
@@ -350,16 +532,22 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     _draw_table(tab_ax, schlag)
 
     extra = {"predicted out of sample (dashed)": Line2D([], [], color="0.3", ls="--"),
-             "hollow: holds past the largest N (lower bound)": Line2D([], [], color="0.3", marker="o", ls="",
-                                                                     markerfacecolor="none")}
+             "ended at max_steps (lower bound)": Line2D([], [], color="0.3", marker="o", ls="",
+                                                        markerfacecolor="white"),
+             "holds past the largest N (lower bound)": Line2D([], [], color="0.3", marker="^", ls="",
+                                                              markerfacecolor="none")}
     extra.update({label: handle for handle, label in fit_handles})
     handles = [Line2D([], [], color=colors[lab], marker=markers[lab]) for lab in order]
     legend_outside(fig, None, handles + list(extra.values()), order + list(extra))
-    caption(fig, "Capacity: one model per N, and the extrapolation from one N", proto_pts, extra_pts)
+    share = stops[stops["label"] == "all"]["plateau_share"]
+    caption(fig, "Capacity: one model per N, and the extrapolation from one N", proto_pts, extra_pts,
+            extra=f"{_share_text(share)}; hollow: a point with a seed that ended at max_steps (a lower bound: no "
+                  f"break point or ranking is read from it); N recalled: the largest N at accuracy >= {RECALL_THRESHOLD}")
     protocol_csv = proto_pts.rename(columns={"value": "num_pairs"})
     extra_csv = extra_pts.rename(columns={"value": "test_num_pairs"}).assign(train_num_pairs=ref)
     fig.tables = {"capacity_per_lr": per_lr, "capacity_n50": half, "capacity_schlag": schlag,
                   "capacity_protocol": protocol_csv, "capacity_extrapolation": extra_csv,
-                  "capacity_families": fits,
-                  "capacity_ranking": stats.ranking(proto_pts, within=[WIDTH, "value"])}
+                  "capacity_families": fits, "capacity_stops": stops, "capacity_law_baseline": versus,
+                  "capacity_ranking": stats.ranking(proto_pts[~proto_pts["lower_bound"].astype(bool)],
+                                                    within=[WIDTH, "value"])}
     return fig

@@ -7,8 +7,15 @@ itself (a deeper model can learn to write the second one louder); decay and gati
 older write by construction (and, with it, the untouched keys' only write). Right:
 accuracy against the age of the key's last write at the query (tokens, power-of-two bins).
 Each seed a dot, the mean a bar or line, an interval only from five seeds (analysis.stats).
+
+Re-assignment (`reassignment`, +experiment=reassignment): the delta rule where Schlag et al.
+(2021) measured its gain, keys written again with a new value beyond N = d: each delta-rule
+mixer beside its additive control (model.rule=additive), on overwritten and untouched keys,
+with the paired difference (delta - additive, by seed) and its interval (reassignment_rule.csv).
 """
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -23,6 +30,8 @@ from analysis.plots.common import (MissingData, caption, draw_bars, draw_estimat
 FIGURES = (
     FigureSpec("forgetting", "forgetting", "forgetting_figure", notebook="nb_forgetting",
                tables=("forgetting", "forgetting_by_age", "forgetting_gap")),
+    # the delta rule against its additive control where Schlag et al. measured it (re-assignment)
+    FigureSpec("reassignment", "reassignment", "reassignment_figure", tables=("reassignment", "reassignment_rule")),
 )
 
 KIND = {0: "untouched (written once)", 1: "overwritten (latest of two)"}
@@ -99,4 +108,80 @@ def forgetting_figure(data) -> Figure:
             extra="the gap (overwritten - untouched) is tested paired by seed (forgetting_gap.csv)")
     fig.tables = {"forgetting": per_kind, "forgetting_by_age": by_age.rename(columns={"value": "age"}),
                   "forgetting_gap": gap_table(kinds)}
+    return fig
+
+
+RULE = "config.model.rule"
+
+
+def rule_table(kinds: pd.DataFrame) -> pd.DataFrame:
+    """Per delta-rule mixer (model) and kind of key (untouched, overwritten, all): the delta
+    rule's mean and its additive control's (model.rule), their difference paired by seed with
+    its interval (stats.estimate over the seeds' differences: named in interval_method), the
+    paired t-test, and whether the two rules' own intervals separate."""
+    if RULE not in kinds.columns:
+        return pd.DataFrame()
+    kinds = kinds.assign(rule=kinds[RULE].fillna("delta"))
+    every = kinds.assign(key="all keys")
+    rows = []
+    for (model, key), grp in pd.concat([kinds, every], ignore_index=True).groupby(["model", "key"]):
+        per_seed = stats.per_seed(grp, ["rule"], "accuracy", count=_count(grp))
+        by_rule = {r: g.set_index(stats.SEED)["accuracy"] for r, g in per_seed.groupby("rule")}
+        if not {"delta", "additive"} <= set(by_rule):
+            continue
+        delta, additive = by_rule["delta"], by_rule["additive"]
+        diff = (delta - additive).dropna()
+        est = stats.estimate(diff.to_numpy())
+        own = stats.summarize(grp, ["rule"], "accuracy", count=_count(grp)).set_index("rule")
+        test = stats.paired_test(additive, delta)
+        rows.append({"model": model, "key": key, "delta": delta.mean(), "additive": additive.mean(),
+                     "delta_low": own.loc["delta", "low"], "delta_high": own.loc["delta", "high"],
+                     "additive_low": own.loc["additive", "low"], "additive_high": own.loc["additive", "high"],
+                     "n": est.n, "mean": est.mean, "low": est.low, "high": est.high,
+                     "interval_method": est.method + " (of the paired difference delta - additive)",
+                     "separated": stats.separated(own.loc["delta"], own.loc["additive"]),
+                     "p_value": test["p_value"], "test": test["test"],
+                     **{stats.seed_column(k): v for k, v in diff.items()}})
+    return pd.DataFrame(rows)
+
+
+@figure("reassignment")
+def reassignment_figure(data) -> Figure:
+    """The delta rule against its additive control on re-assigned keys beyond N = d: accuracy on
+    overwritten and untouched keys per mixer (each seed, mean, interval), and the paired
+    difference delta - additive per mixer."""
+    kinds, _ = forgetting_points(data)
+    order = label_order(kinds)
+    colors, markers = label_styles(kinds)
+    fig, (left, right) = new_figure(1, 2, panel=(4.6, 3.4), legend=1.8)
+    per_kind = forgetting_table(kinds)
+    shade = {KIND[0]: "0.75", KIND[1]: "0.35"}
+    for offset, kind in ((-0.2, KIND[0]), (0.2, KIND[1])):
+        draw_bars(left, per_kind[per_kind["key"] == kind], order, colors, offset=offset, width=0.4,
+                  color_of=lambda _lab, kind=kind: shade[kind], label=kind)
+    left.tick_params(axis="x", labelrotation=30)
+    left.set(ylim=(0, 1.05), xlabel="mixer", ylabel="recall accuracy (fraction of queries)",
+             title="re-assigned keys beyond N = d")
+    rules = rule_table(kinds)
+    if rules.empty:
+        note(right, f"no delta-rule mixer with its additive control ({RULE})")
+    else:
+        shown = rules[rules["key"] == KIND[1]].reset_index(drop=True)
+        for i, row in shown.iterrows():
+            right.scatter([i], [row["mean"]], color="0.2", zorder=3)
+            right.scatter([i] * len(stats.seed_values(row)), stats.seed_values(row), s=9, color="0.5", linewidths=0)
+            if math.isfinite(row["low"]):
+                right.errorbar([i], [row["mean"]], yerr=[[row["mean"] - row["low"]], [row["high"] - row["mean"]]],
+                               fmt="none", ecolor="0.1", capsize=3)
+        right.axhline(0.0, color="0.5", lw=0.8, ls=":")
+        right.set_xticks(range(len(shown)), shown["model"])
+    right.set(xlabel="mixer", ylabel="delta - additive on overwritten keys (accuracy)",
+              title="the rule's own effect (paired by seed)")
+    kinds_handles = [Patch(facecolor=shade[k], alpha=0.55, edgecolor=shade[k]) for k in (KIND[0], KIND[1])]
+    fig.legend(mixer_handles(colors, markers) + kinds_handles, list(colors) + [KIND[0], KIND[1]],
+               loc="outside right upper", fontsize="small", frameon=False)
+    caption(fig, "Re-assignment: the delta rule against its additive control", per_kind, legend=1.8,
+            extra="right: the difference of each seed's accuracies, its mean and interval "
+                  "(reassignment_rule.csv names the method)")
+    fig.tables = {"reassignment": per_kind, "reassignment_rule": rules}
     return fig

@@ -1,8 +1,11 @@
 """Sharpness: how concentrated each mixer's effective attention weights are.
 
 Softmax can put almost all weight on one key; a bounded positive feature map smears it
-(Hedgehog's ordering: softmax sharpest and most monotone in q.k, elu+1 and FAVOR+ smeared,
-Taylor between). Read from the heads table (one row per layer, head and slice), else from run
+(Hedgehog's ordering: softmax sharpest, elu+1 and FAVOR+ smeared, Taylor between).
+Monotonicity is Hedgehog's: each mixer's weights ranked against softmax's score q.k / sqrt(d) of
+its own q and k before any feature map (harness.measure.trained.sharpness); softmax and the
+identity map keep that order by construction, so their 1 is flagged (`by_construction` in
+sharpness.csv) and no ranking is read from it. Read from the heads table (one row per layer, head and slice), else from run
 summaries. Each run contributes one value per measurement, its retrieval head's mean over the
 slices; the bars are the mean over seeds, each seed a dot, the interval only from five seeds
 (analysis.stats). Runs are those of the learning rate chosen per mixer on the validation split
@@ -30,7 +33,10 @@ FIGURES = (
 ENTROPY = (("norm_entropy", "entropy H / log(prefix)  (1 = uniform)"),
            ("entropy", "attention entropy H (nats)"))
 TARGET = (("target_weight", "weight on answer span (fraction)"),)
-MONOTONE = (("monotonicity", "monotonicity: Spearman of a_ij on q.k (rank corr.)"),)
+MONOTONE = (("monotonicity", "Hedgehog's monotonicity: Spearman of a_ij\non softmax's q.k/sqrt(d) (rank corr.)"),)
+# a mixer whose every seed scores this close to 1 keeps softmax's order by construction (softmax,
+# the identity map): a property of its map, not a finding; no ranking is read from it
+BY_CONSTRUCTION = 1e-9
 # the range each measure can take: an interval is cut there (analysis.stats.interval)
 BOUNDS = {"norm_entropy": (0.0, 1.0), "target_weight": (0.0, 1.0), "monotonicity": (-1.0, 1.0)}
 SLICE_LABELS = {"num_pairs": "N (stored pairs)", "distance": "key-query distance (tokens)"}
@@ -53,6 +59,15 @@ def _metric(rows: pd.DataFrame, choices) -> tuple[str, str] | None:
         if column in rows.columns and rows[column].notna().any():
             return column, label
     return None
+
+
+def by_construction(row: pd.Series) -> bool:
+    """Whether a monotonicity point is 1 on every seed (within BY_CONSTRUCTION): weights that
+    are a monotone function of softmax's score by their map, not by what was learned."""
+    if row.get("metric") != "monotonicity":
+        return False
+    seeds = stats.seed_values(row)
+    return bool(seeds.size) and bool((seeds >= 1.0 - BY_CONSTRUCTION).all())
 
 
 @figure("sharpness")
@@ -94,8 +109,11 @@ def sharpness_figure(data) -> Figure:
             legend=1.4 if by_value else 0.0)
     if with_lr:
         lr_heatmap(axes[len(metrics) + by_value], per_lr, [], order, title="every learning rate")
-    ranking = pd.concat([stats.ranking(s).assign(metric=s["metric"].iat[0]) for s in summaries if len(s) > 1],
-                        ignore_index=True) if any(len(s) > 1 for s in summaries) else pd.DataFrame()
+    per_metric = per_metric.assign(by_construction=[by_construction(r) for _, r in per_metric.iterrows()])
+    ranked = [s[~s["label"].isin(per_metric.loc[per_metric["by_construction"] & (per_metric["metric"] == m), "label"])]
+              for s in summaries for m in [s["metric"].iat[0]] if len(s)]
+    ranking = pd.concat([stats.ranking(s).assign(metric=s["metric"].iat[0]) for s in ranked if len(s) > 1],
+                        ignore_index=True) if any(len(s) > 1 for s in ranked) else pd.DataFrame()
     metric_first = ["metric"] + [c for c in per_metric.columns if c != "metric"]
     fig.tables = {"sharpness_per_lr": per_lr, "sharpness": per_metric[metric_first], "sharpness_ranking": ranking}
 

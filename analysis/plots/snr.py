@@ -12,6 +12,10 @@ predict the top-1 accuracy at every other tested N through harness.measure.theor
 accuracy measured at the same setting. Only settings other than the training one are drawn:
 at the training setting the statistics have seen the answer. Trained runs come from the
 capacity sweep, at the learning rate chosen on validation there (analysis.plots.capacity).
+snr_out_of_sample.csv puts beside each prediction the two naive extrapolations from the same
+training point (nominal: the random-key law at d_key; anchored: the training read-out carried
+with the random-key slope) and every source's error in accuracy and in log-odds;
+snr_law_baseline.csv says per mixer whether the law beats them (softmax apart).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from matplotlib.lines import Line2D
 
 from analysis import stats
 from analysis.plots import FigureSpec
-from analysis.plots.capacity import capacity_selected
+from analysis.plots.capacity import SOURCES, capacity_selected, law_baseline_table, law_errors, out_of_sample_rows
 from analysis.plots.common import (MissingData, WIDTH, caption, figure, label_order, label_styles, labelled,
                                    legend_outside, loglog_slope, new_figure, note, palette, retrieval_heads,
                                    setting_values, table)
@@ -31,7 +35,7 @@ from analysis.plots.common import (MissingData, WIDTH, caption, figure, label_or
 FIGURES = (
     # the untrained probe (hollow) beside the trained runs of the capacity sweep (filled)
     FigureSpec("snr", "snr", "snr_figure", also=("capacity",), notebook="nb_snr",
-               tables=("snr_slopes", "snr_out_of_sample")),
+               tables=("snr_slopes", "snr_out_of_sample", "snr_law_baseline")),
 )
 
 FILLED = {"untrained probe": False, "trained": True}
@@ -83,41 +87,26 @@ def snr_points(data: pd.DataFrame) -> pd.DataFrame:
     return pts[keep].reset_index(drop=True)
 
 
-def is_training_setting(row: pd.Series) -> bool:
-    """Whether a settings row is its run's training setting: every field its name sets
-    (num_pairs=16, seq_len=256) equals the run's config.task.<field>."""
-    fields = setting_values(row.get("name", ""))
-    known = {k: v for k, v in fields.items() if f"config.task.{k}" in row.index and pd.notna(row[f"config.task.{k}"])}
-    return bool(known) and all(row[f"config.task.{k}"] == v for k, v in known.items())
-
-
 def out_of_sample_points(data: pd.DataFrame) -> pd.DataFrame:
-    """Settings rows of trained runs other than their training setting with both the measured
-    accuracy and acc_predicted_from_train, labelled, with train_n and test_n; empty if none."""
-    settings = table(data, "settings")
-    if not {FROM_TRAIN, "accuracy", "run_dir", "name"} <= set(settings.columns):
-        return pd.DataFrame()
-    chosen = _selected_runs(data)
-    if chosen is not None:
-        settings = settings[settings["run_dir"].isin(chosen)]
-    settings = settings.dropna(subset=[FROM_TRAIN, "accuracy"])
-    if settings.empty:
-        return settings
-    other = settings[[not is_training_setting(r) for _, r in settings.iterrows()]]
-    if WIDTH not in other.columns:
-        other = other.assign(**{WIDTH: np.nan})
-    train_n = other["config.task.num_pairs"] if "config.task.num_pairs" in other.columns else np.nan
-    other = other.assign(train_n=train_n, test_n=[setting_values(n).get("num_pairs", np.nan) for n in other["name"]])
-    return labelled(other)
+    """Settings rows of the chosen trained runs other than their training setting, with the
+    measured accuracy, the law's prediction and its baselines (capacity.out_of_sample_rows)."""
+    return out_of_sample_rows(data, _selected_runs(data))
 
 
 def out_of_sample_table(points: pd.DataFrame) -> pd.DataFrame:
     """Per mixer, training N and test N: the prediction's mean over seeds and the measured
-    accuracy's n, mean, interval and seeds (analysis.stats), and measured - predicted."""
+    accuracy's n, mean, interval and seeds (analysis.stats), measured - predicted, the
+    baselines' means (nominal_mean, anchored_mean) and every source's mean |error| in accuracy
+    and in log-odds (capacity.law_errors)."""
     keys = ["label", WIDTH, "train_n", "test_n", "name"]
     measured = stats.summarize(points, keys, "accuracy", count="count" if "count" in points.columns else None)
-    predicted = points.groupby(keys, dropna=False)[FROM_TRAIN].mean().rename("predicted_mean").reset_index()
-    out = measured.merge(predicted, on=keys, how="left")
+    errors = law_errors(points)
+    means = {"predicted_mean": FROM_TRAIN, **{f"{k}_mean": v for k, v in SOURCES.items() if k != "law"}}
+    means.update({c: c for c in errors.columns if c.startswith("err_")})
+    present = {k: v for k, v in means.items() if v in errors.columns}
+    predicted = errors.groupby(keys, dropna=False)[list(present.values())].mean()
+    predicted.columns = list(present)
+    out = measured.merge(predicted.reset_index(), on=keys, how="left")
     return out.assign(measured_minus_predicted=out["mean"] - out["predicted_mean"])
 
 
@@ -222,5 +211,6 @@ def snr_figure(data) -> Figure:
                   "measured once at the run's training N on validation data, y = test accuracy at that other N; "
                   "small dots: each run, markers: mean over seeds")
     slopes = fits.assign(slope=fits["slope"].round(3), prefactor=fits["prefactor"].round(3))
-    fig.tables = {"snr_slopes": slopes, "snr_out_of_sample": summary}
+    fig.tables = {"snr_slopes": slopes, "snr_out_of_sample": summary,
+                  "snr_law_baseline": law_baseline_table(oos) if len(oos) else pd.DataFrame()}
     return fig

@@ -99,6 +99,9 @@ class Config:
     cost: CostConfig = field(default_factory=CostConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     out_dir: Optional[str] = None      # None = the Hydra run directory
+    # numbers an experiment fixes for its figures before its runs (a tolerance a law is held to);
+    # training never reads them, the figures read them from each run's config
+    analysis: dict[str, float] = field(default_factory=dict)
 
 
 MODES = ("train", "probe", "cost")

@@ -56,6 +56,15 @@ per-dimension gate); the SNR of a setting is a ratio of sums over its reads, lik
 measured one. A law that fails out of sample is reported, not tuned: nothing here is fitted
 at a setting it predicts.
 
+Baselines: a law earns its place by beating a naive extrapolation from the same training point,
+so beside every prediction two are made from the same reads and the same accuracy map
+(`predict_baselines`), both with every earlier write counted once (no decay, no learned kernel):
+  nominal    the random-key law at the state's nominal key dimension d_key (model.d_key):
+             SNR(i)^2 = d_key / N_flat(i), N_flat the other writes per target write;
+  anchored   the training read-out SNR carried to the target setting with the random-key law's
+             slope (the untrained probe's: SNR^2 proportional to 1 / N_flat):
+             SNR(i)^2 = snr_readout^2 N_flat(training) / N_flat(i).
+
 Known answer: random keys frozen in place of a trained projection, measured at one N, predict
 the untrained probe's accuracy at 2x-8x that N (tests/test_out_of_sample.py).
 """
@@ -98,6 +107,8 @@ class TrainStats:
     n_eff_law: float = math.nan               # the decay model's N_eff at the training setting
     layer: Optional[int] = None
     head: Optional[int] = None
+    d_key: float = math.nan                   # the state's nominal key dimension (the nominal baseline)
+    n_eff_flat: float = math.nan              # N_flat at the training setting (the anchored baseline)
 
     def as_dict(self) -> dict:
         """JSON-ready, with the derived numbers a reader wants beside them: n_eff_per_pair
@@ -243,3 +254,39 @@ def predict_from_train(stats: TrainStats, reads: Reads) -> dict[str, float]:
     return {"snr_predicted_from_train": math.sqrt(total_signal / total_crosstalk) if total_crosstalk > 0 else math.inf,
             "acc_predicted_from_train": read_accuracy(snr_reads, reads.candidates, stats.value_dim, pairs),
             "n_eff_from_train": go / gt if gt > 0 else math.inf, "pairs_from_train": pairs}
+
+
+BASELINES = ("acc_baseline_nominal", "acc_baseline_anchored")
+
+
+def flat_counts(reads: Reads, span: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per read (target gain, other writes' gain) with every earlier write counted once: the
+    random-key law's count, no decay and no write scale."""
+    g = survival_sums(reads, span, (0.0,))
+    return g["gain_target"], g["gain_other"]
+
+
+def flat_n_eff(reads: Reads, span: int) -> float:
+    """N_flat of a setting: the other writes over the target writes, summed over its reads."""
+    target, other = flat_counts(reads, span)
+    total = float(np.sum(target))
+    return float(np.sum(other)) / total if total > 0 else math.inf
+
+
+def predict_baselines(stats: TrainStats, reads: Reads) -> dict[str, float]:
+    """The two naive extrapolations of the module docstring at the setting of `reads`, through
+    the same accuracy map as the law (read_accuracy with the training codebook and the
+    target's candidates): {acc_baseline_nominal, acc_baseline_anchored}, NaN where a number
+    they need is missing."""
+    if reads.position.size == 0:
+        return dict.fromkeys(BASELINES, math.nan)
+    target, other = flat_counts(reads, stats.span)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_write = np.where(other > 0, target / other, np.inf)  # 1 / N_flat(i)
+    pairs = float(np.median(np.where(other > 0, other, 0.0)))  # every write at gain 1: P = the count
+    anchor = stats.snr_readout ** 2 * stats.n_eff_flat
+    out = {}
+    for name, scale in zip(BASELINES, (stats.d_key, anchor)):
+        snr = np.sqrt(scale * per_write) if math.isfinite(scale) else None
+        out[name] = read_accuracy(snr, reads.candidates, stats.value_dim, pairs) if snr is not None else math.nan
+    return out

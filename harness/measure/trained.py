@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import scipy.stats
 import torch
 
 from harness.hooks import capture
@@ -77,18 +78,10 @@ def span_mask(target_pos: torch.Tensor, T: int, span: int = 1) -> torch.Tensor:
 
 
 def _midranks(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """0-based ranks of x along the last dim among the valid entries, ties given their mean rank."""
-    x = torch.where(valid, x, torch.full_like(x, math.inf))  # invalid entries rank above all valid ones
-    s, order = torch.sort(x, dim=-1)
-    n = x.shape[-1]
-    idx = torch.arange(n, device=x.device).expand_as(s)
-    starts = torch.ones_like(s, dtype=torch.bool)
-    starts[..., 1:] = s[..., 1:] != s[..., :-1]
-    ends = torch.ones_like(s, dtype=torch.bool)
-    ends[..., :-1] = starts[..., 1:]
-    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(-1).values  # first index of each tie group
-    last = torch.where(ends, idx, torch.full_like(idx, n - 1)).flip(-1).cummin(-1).values.flip(-1)
-    return torch.empty_like(x).scatter_(-1, order, (first + last).to(x.dtype) / 2)
+    """Ranks of x along the last dim among the valid entries, ties given their mean rank
+    (scipy.stats.rankdata); invalid entries rank above every valid one."""
+    x = torch.where(valid, x, torch.full_like(x, math.inf)).detach().cpu().numpy()
+    return torch.from_numpy(scipy.stats.rankdata(x, axis=-1, method="average") - 1.0).to(valid.device)
 
 
 def spearman_rows(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -124,8 +117,12 @@ def sharpness(
     target_pos: (..., R) long, broadcastable to weights.shape[:-1]; the correct position of each
         row, -1 for rows without one (then target_weight / target_rank are NaN). With span > 1
         the target is the span t ... t+span-1 (see the module docstring).
-    scores: (..., R, T) raw scores q_i.k_j; gives monotonicity = Spearman correlation of the
-        signed a_ij with the score over the prefix (1: weights order keys exactly as q.k does).
+    scores: (..., R, T) softmax-style scores q_i.k_j / sqrt(d) of the q and k before any feature
+        map (hook_q_raw, hook_k_raw); gives monotonicity, Hedgehog's (Zhang et al. 2024): the
+        Spearman correlation of the signed a_ij with the score over the prefix, i.e. how well
+        the mixer's weights keep the order softmax would give the same keys on the same inputs
+        (1: exactly that order). Softmax (the exponential of the score) and the identity map
+        (the score itself) have 1 by construction: for them it is no finding.
 
     Returns tensors of shape (..., R), in float64:
       entropy        H_i = -sum_j p_ij log p_ij           (uniform over n: log n; one-hot: 0)
@@ -280,8 +277,9 @@ def _layer_rows(mixer, hooks: dict, target_pos: torch.Tensor, query: torch.Tenso
         H, dev = a.shape[0], pos.to(a.device)
         tp = target_pos[b, pos].to(a.device).expand(H, -1)  # (H, R)
         scores = None
-        if q_raw is not None and k_raw is not None:
-            scores = q_raw[b][:, dev].to(torch.float64) @ k_raw[b].to(torch.float64).transpose(-1, -2)  # (H, R, T)
+        if q_raw is not None and k_raw is not None:  # softmax's score on this mixer's own q and k
+            scores = q_raw[b][:, dev].to(torch.float64) @ k_raw[b].to(torch.float64).transpose(-1, -2) \
+                / math.sqrt(q_raw.shape[-1])  # (H, R, T)
         found = sharpness(a, tp, scores=scores, positions=dev, span=span)
         if with_snr:
             found["sig2"], found["noise2"] = signal_noise(a, hooks["v"][b], tp, span)

@@ -78,8 +78,9 @@ import torch
 from harness.hooks import capture
 from harness.layers.protocol import lacks, mixer_hooks
 from harness.measure import theory
-from harness.measure.out_of_sample import (TrainStats, fit_delta_dim, law_n_eff, no_prediction, predict_from_train,
-                                           read_accuracy, reads_of)
+from harness.measure.out_of_sample import (BASELINES, TrainStats, fit_delta_dim, flat_n_eff, law_n_eff,
+                                           no_prediction, predict_baselines, predict_from_train, read_accuracy,
+                                           reads_of)
 from harness.measure.trained import answer_span, decay_gain_sq, span_mask
 from harness.tasks.base import batch_field
 
@@ -354,7 +355,9 @@ def train_statistics(model, batch, *, max_examples: Optional[int] = None, num_pa
         acc_readout=summary["acc_readout_trained"], seq_len=int(batch_field(batch, "inputs").shape[1]),
         num_pairs=num_pairs, layer=group["layer"], head=retrieval[1])
     reads = reads_of(batch, max_examples)  # the reads the statistics were measured on
-    stats = dataclasses.replace(stats, n_eff_law=law_n_eff(stats, reads))
+    d_key = getattr(model.mixers()[group["layer"]], "d_key", None)
+    stats = dataclasses.replace(stats, n_eff_law=law_n_eff(stats, reads), n_eff_flat=flat_n_eff(reads, stats.span),
+                                d_key=float(d_key) if d_key else math.nan)
     if stats.law == "delta":
         stats = dataclasses.replace(stats, d_delta=fit_delta_dim(stats, reads))
     return stats, "ok"
@@ -372,8 +375,9 @@ def add_out_of_sample(results: dict, model, task, task_cfg, eval_sets, *, exampl
 
     task: the task module (make_batch); eval_sets: objects with .name and .batch. Writes
     results["train_stats"] (TrainStats.as_dict() and a status) and adds snr_predicted_from_train,
-    acc_predicted_from_train, n_eff_from_train and pairs_from_train to each results["settings"]
-    row of the same name; returns the summary entries snr_predicted_from_train/<name>,
+    acc_predicted_from_train, n_eff_from_train and pairs_from_train, and the baselines beside them
+    (acc_baseline_nominal, acc_baseline_anchored: out_of_sample.predict_baselines), to each
+    results["settings"] row of the same name; returns the summary entries snr_predicted_from_train/<name>,
     acc_predicted_from_train/<name> and acc_predicted_from_train (their mean, like accuracy).
     """
     device = next(model.parameters()).device
@@ -382,7 +386,8 @@ def add_out_of_sample(results: dict, model, task, task_cfg, eval_sets, *, exampl
     stats, status = train_statistics(model, batch, max_examples=max_examples,
                                      num_pairs=getattr(task_cfg, "num_pairs", None))
     results["train_stats"] = {"status": status, **(stats.as_dict() if stats else {})}
-    predicted = {es.name: (predict_from_train(stats, reads_of(es.batch)) if stats else no_prediction())
+    predicted = {es.name: ({**predict_from_train(stats, reads_of(es.batch)), **predict_baselines(stats, reads_of(es.batch))}
+                           if stats else {**no_prediction(), **dict.fromkeys(BASELINES, math.nan)})
                  for es in eval_sets}
     for row in results.get("settings", []):
         row.update(predicted.get(row["name"], {}))
@@ -390,6 +395,8 @@ def add_out_of_sample(results: dict, model, task, task_cfg, eval_sets, *, exampl
     for name, found in predicted.items():
         summary[f"snr_predicted_from_train/{name}"] = found["snr_predicted_from_train"]
         summary[f"acc_predicted_from_train/{name}"] = found["acc_predicted_from_train"]
+        for baseline in BASELINES:
+            summary[f"{baseline}/{name}"] = found[baseline]
     accs = [found["acc_predicted_from_train"] for found in predicted.values()]
     summary["acc_predicted_from_train"] = float(np.mean(accs)) if accs else math.nan
     return summary

@@ -1,0 +1,106 @@
+"""What the capacity and SNR figures may claim: lower bounds where a run ended at max_steps,
+Schlag's criterion beside N at 50%, the share of runs stopped on their plateau, and the
+out-of-sample law against its naive baselines (softmax apart), on synthetic results."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import make_results
+
+from analysis import figures
+from analysis.plots.capacity import (law_baseline_table, law_errors, log_odds, recalled_n, rests_on_lower_bounds,
+                                     stop_table)
+
+
+@pytest.fixture(scope="module")
+def capacity(tree):
+    spec = next(s for s in figures.FIGURES if s.name == "capacity")
+    return spec.draw(figures.load_figure_data(tree, spec))
+
+
+@pytest.fixture(scope="module")
+def snr(tree):
+    spec = next(s for s in figures.FIGURES if s.name == "snr")
+    return spec.draw(figures.load_figure_data(tree, spec))
+
+
+def test_points_from_runs_that_ended_at_max_steps_are_lower_bounds(capacity):
+    proto = capacity.tables["capacity_protocol"].set_index(["label", "num_pairs"])
+    label, n = make_results.CAPACITY_LOWER_BOUND
+    assert proto.loc[(label, n), "lower_bound"] and proto.loc[(label, n), "runs_at_max_steps"] == 5
+    assert proto["lower_bound"].sum() == 1                     # every other point stopped on its plateau
+    ranking = capacity.tables["capacity_ranking"]
+    at = ranking[ranking["value"] == n]
+    assert label not in set(at["a"]) | set(at["b"])             # no ranking read from a lower bound
+    assert len(at)                                              # the others at that N are still ranked
+
+
+def test_a_break_point_resting_on_a_lower_bound_says_so(capacity):
+    half = capacity.tables["capacity_n50"].set_index("label")
+    label, _ = make_results.CAPACITY_LOWER_BOUND
+    # favor m=16 breaks near N = 10, between the training N 8 and 16: its 32 is past the first N below 50%
+    assert not half.loc[label, "n50_lower_bound"] and not half.loc["elu", "n50_lower_bound"]
+    assert rests_on_lower_bounds([8, 16, 32], [False, False, True], 20.0)
+    assert not rests_on_lower_bounds([8, 16, 32], [False, False, True], 12.0)
+    assert rests_on_lower_bounds([8, 16], [False, True], math.inf)  # holds past every N: rests on all
+
+
+def test_schlags_criterion_beside_n_at_half(capacity):
+    half = capacity.tables["capacity_n50"].set_index("label")
+    assert (half["recall_threshold"] == 0.9).all()
+    assert half.loc["softmax", "n_recalled"] == max(make_results.CAPACITY_TRAIN_N)  # 0.99 at every N
+    assert (half["n_recalled"].dropna() <= half["n50_per_n"].dropna().reindex(half["n_recalled"].dropna().index)).all()
+    assert recalled_n([2, 4, 8, 16], [1.0, 0.95, 0.8, 0.92]) == 4       # the first failure ends it
+    assert math.isnan(recalled_n([2, 4], [0.5, 0.4]))
+
+
+def test_the_share_of_runs_stopped_on_the_plateau(capacity):
+    stops = capacity.tables["capacity_stops"].set_index("label")
+    runs = stops.loc["all", "runs"]
+    assert stops.loc["all", "at_max_steps"] == 5 and stops.loc["all", "plateau_share"] == pytest.approx(1 - 5 / runs)
+    assert "stopped on their validation plateau" in capacity.caption
+    frame = pd.DataFrame({"run_dir": ["a", "b", "c"], "label": ["x", "x", "y"],
+                          "summary.stop_reason": ["plateau", "max_steps", None]})
+    got = stop_table(frame).set_index("label")
+    assert got.loc["x", "plateau_share"] == 0.5 and math.isnan(got.loc["y", "plateau_share"])
+
+
+def test_log_odds_errors_are_clipped_half_a_query_from_the_floor():
+    assert log_odds([0.5])[0] == 0.0
+    assert log_odds([0.0], [100])[0] == pytest.approx(math.log(0.005 / 0.995))
+    rows = pd.DataFrame({"accuracy": [0.1], "count": [100], "acc_predicted_from_train": [0.5],
+                         "acc_baseline_nominal": [0.1], "acc_baseline_anchored": [np.nan]})
+    got = law_errors(rows).iloc[0]
+    assert got["err_law_acc"] == pytest.approx(0.4) and got["err_law_logodds"] == pytest.approx(math.log(9))
+    assert got["err_nominal_logodds"] == 0.0 and math.isnan(got["err_anchored_logodds"])
+
+
+def test_the_law_against_its_baselines_with_softmax_apart(capacity, snr):
+    half = capacity.tables["capacity_n50"].set_index("label")
+    # the fixture's law predicts half the N the runs hold, its baselines a quarter: the law wins
+    for label in ("elu", "favor m=16", "dpfp ν=1", "deltanet additive"):
+        assert half.loc[label, "law_beats_baseline"] is True or half.loc[label, "law_beats_baseline"] == 1.0, label
+        assert half.loc[label, "err_law_logodds"] < half.loc[label, "err_nominal_logodds"]
+    assert not half.loc["softmax", "counted_in_mean"] and half.loc["elu", "counted_in_mean"]
+    versus = capacity.tables["capacity_law_baseline"].set_index("label")
+    mean = versus.loc["mean (softmax apart)"]
+    counted = versus[versus["counted_in_mean"] & (versus.index != "mean (softmax apart)")]
+    assert mean["err_law_logodds"] == pytest.approx(counted["err_law_logodds"].mean())
+    assert (versus["tolerance_logodds"] == make_results.LAW_TOLERANCE).all()   # from the runs' config
+    table = snr.tables["snr_out_of_sample"]
+    assert {"nominal_mean", "anchored_mean", "err_law_logodds", "err_anchored_acc"} <= set(table.columns)
+    assert "snr_law_baseline" in snr.tables
+
+
+def test_law_baseline_table_without_a_tolerance_leaves_the_verdict_open():
+    rows = pd.DataFrame({"label": ["a", "s"], "config.model.d_model": [8, 8], "summary.family": ["linear", "softmax"],
+                         "model": ["a", "s"], "accuracy": [0.5, 0.9], "acc_predicted_from_train": [0.5, 1.0],
+                         "acc_baseline_nominal": [0.2, 0.5], "acc_baseline_anchored": [0.6, 0.5]})
+    got = law_baseline_table(rows).set_index("label")
+    assert got.loc["a", "law_beats_baseline"] == 1.0 and got.loc["a", "counted_in_mean"]
+    assert not got.loc["s", "counted_in_mean"]
+    assert got.loc["mean (softmax apart)", "err_law_logodds"] == 0.0
+    assert got["law_within_tolerance"].isna().all()
