@@ -128,12 +128,12 @@ def test_same_seed_same_metrics_other_seed_differs(tmp_path):
 
 def _watched_step(model_name="elu", poison=None, scale=1.0, max_norm=1.0):
     """One watched forward/backward on a small model; poison(model) edits the gradients."""
-    from harness.config.build import build_model
+    from harness.config.plan import prepare
     from harness.train.faults import FaultWatch
 
     cfg = compose_config([*RUN, f"model={model_name}"])
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = prepare(cfg).build_model()
     watch = FaultWatch(model, model_name)
     inputs = torch.randint(0, cfg.task.vocab_size, (2, 16))
     with watch.forward_pass():

@@ -18,7 +18,8 @@ in one line what cannot fit; `eval_chunk` streams evaluation in pieces that do.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
@@ -28,6 +29,9 @@ from harness.errors import ResourceError
 from harness.layers import registry
 from harness.layers.parts import qk_width
 from harness.model import ModelConfig, uses_learned_positions
+
+if TYPE_CHECKING:
+    from harness.config.plan import RunPlan
 
 FLOAT = 4                 # bytes: parameters, activations and logits are float32 (bf16 autocast: less)
 TOKEN_DATA = 4 * 8 * 2    # bytes a token of a generated batch holds: 4 long tensors, as much again while made
@@ -204,6 +208,14 @@ def check_training(cfg: DictConfig) -> int:
     return fit_training(run_shape(cfg), cfg.trainer, select_device(cfg.trainer.device))
 
 
+def fitted(plan: RunPlan) -> RunPlan:
+    """The training plan with the tokens per evaluation pass that fit on its device (ResourceError,
+    one line, if its step or evaluation cannot fit)."""
+    tr = plan.cfg.trainer
+    tokens = fit_training(shape_of(plan.mcfg, plan.module, plan.tcfg, tr), tr, plan.device)
+    return replace(plan, eval_tokens=tokens)
+
+
 def fit_training(shape: RunShape, tr, device) -> int:
     """check_training of a run of this shape with trainer `tr` on `device`."""
     f = shape.facts
@@ -236,5 +248,5 @@ def total_bytes(cfg: DictConfig) -> float:
 
 
 __all__ = ["ModelFacts", "RunShape", "activation_bytes", "check_training", "eval_bytes", "eval_tokens",
-           "examples_per_pass", "fit_training", "model_facts", "param_count", "run_shape", "shape_of",
+           "examples_per_pass", "fit_training", "fitted", "model_facts", "param_count", "run_shape", "shape_of",
            "total_bytes", "train_bytes"]
