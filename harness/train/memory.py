@@ -29,6 +29,7 @@ from harness.errors import ResourceError
 from harness.layers import registry
 from harness.layers.parts import qk_width
 from harness.model import ModelConfig, uses_learned_positions
+from harness.train.evaluate import examples_per_pass
 
 if TYPE_CHECKING:
     from harness.config.plan import RunPlan
@@ -123,13 +124,6 @@ def activation_bytes(f: ModelFacts, batch: int, T: int, training: bool, logit_ro
 def state_bytes(f: ModelFacts) -> float:
     """Parameters, gradients and AdamW's two moments."""
     return 4 * FLOAT * f.params
-
-
-def examples_per_pass(seq_len: int, tokens: int, examples: int | None = None) -> int:
-    """Examples of length `seq_len` in one evaluation pass of `tokens` tokens (at least one;
-    at most the set's `examples`): how harness.train.evaluate.evaluate streams a set."""
-    per = max(1, tokens // max(1, seq_len))
-    return per if examples is None else min(per, examples)
 
 
 def eval_bytes(f: ModelFacts, lengths: list[int], tokens: int, examples: int) -> float:
