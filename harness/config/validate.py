@@ -38,15 +38,14 @@ def _fields(schema: type) -> set[str]:
 
 
 def _check_keys(c: dict) -> None:
-    """Exactly the schemas' keys, and every group chosen."""
-    checks.schema_keys("", c, _fields(Config))
-    task = c["task"]
-    task_fields = _fields(task_schema(task["name"])) if isinstance(task, dict) else set()
-    schemas = {"task": task_fields, "model": _fields(ModelConfig), "trainer": _fields(TrainerConfig),
-               "logger": _fields(LoggerConfig), "probe": _fields(ProbeConfig),
+    """Exactly the schemas' keys, and every group chosen (the top level first: it has every group)."""
+    task = c.get("task")
+    task_fields = _fields(task_schema(task["name"])) if isinstance(task, dict) and "name" in task else set()
+    schemas = {"": _fields(Config), "task": task_fields, "model": _fields(ModelConfig),
+               "trainer": _fields(TrainerConfig), "logger": _fields(LoggerConfig), "probe": _fields(ProbeConfig),
                "cost": _fields(CostConfig), "sweep": _fields(SweepConfig)}
     for section, fields in schemas.items():
-        checks.schema_keys(f"{section}.", c[section], fields)
+        checks.schema_keys(f"{section}." if section else "", c[section] if section else c, fields)
 
 
 def _device_spelling(key: str, spec: object) -> None:

@@ -70,13 +70,13 @@ def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -
     where = _hydra_context(fresh)
     failure = None
     try:
-        plan = plan_for(cfg, plan)
-    except ValueError as exc:
-        if not where.multirun:  # refused before anything is written
-            return _refused(exc, cfg, where)
-        plan, failure = None, exc  # a sweep records it in the job's directory, and goes on
-    flat, digest = (plan.flat, plan.digest) if plan is not None else identify(cfg)
-    try:
+        try:
+            plan = plan_for(cfg, plan)
+        except ValueError as exc:
+            if not where.multirun:  # a single run is refused before anything is written
+                raise
+            plan, failure = None, exc  # a sweep records it in the job's directory, and goes on
+        flat, digest = (plan.flat, plan.digest) if plan is not None else identify(cfg)
         run = claim(cfg, flat, digest, where)
     except (ValueError, RunError) as exc:
         return _refused(exc, cfg, where)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig
 
 from harness.config.build import model_config, task_config
-from harness.devices import check_fits, format_bytes, memory_limit, select_device
+from harness.devices import format_bytes, memory_limit, select_device
 from harness.errors import ResourceError
 from harness.layers import registry
 from harness.layers.parts import qk_width
@@ -211,25 +211,27 @@ def fitted(plan: RunPlan) -> RunPlan:
 
 
 def fit_training(shape: RunShape, tr, device) -> int:
-    """check_training of a run of this shape with trainer `tr` on `device`."""
+    """check_training of a run of this shape with trainer `tr` on `device`: every estimate made,
+    then held against what the device holds (read once)."""
     f = shape.facts
-    check_fits(f"training: batch {tr.batch_size} x length {shape.train_len} x width {f.d_model} "
-               f"({f.n_layers} layers, {f.params:,} parameters, vocabulary {f.vocab})",
-               train_bytes(f, shape.batch, shape.train_len, shape.data_chunk), device)
     limit, where = memory_limit(device)
+    step = train_bytes(f, shape.batch, shape.train_len, shape.data_chunk)
     tokens = eval_tokens(shape, tr.eval_tokens, limit)
+    examples = min(tr.measure_examples, tr.eval_examples)
+    measured = measure_bytes(f, shape.eval_lens, examples) if tr.measure else 0.0
+    if step > limit:
+        raise ResourceError(f"training: batch {tr.batch_size} x length {shape.train_len} x width {f.d_model} "
+                            f"({f.n_layers} layers, {f.params:,} parameters, vocabulary {f.vocab}) needs about "
+                            f"{format_bytes(step)}; {where} has {format_bytes(limit)}")
     if tokens == 0:
         need = eval_bytes(f, shape.eval_lens, 1, shape.eval_examples)
         raise ResourceError(f"evaluation: {tr.eval_examples} examples at length {max(shape.eval_lens)} "
                             f"needs about {format_bytes(need)} even one example at a time; "
                             f"{where} has {format_bytes(limit)}")
-    if tr.measure:
-        examples = min(tr.measure_examples, tr.eval_examples)
-        need = measure_bytes(f, shape.eval_lens, examples)
-        if need > limit:
-            raise ResourceError(f"measurement: {examples} examples at length {max(shape.eval_lens)} needs about "
-                                f"{format_bytes(need)} (lower trainer.measure_examples, or set "
-                                f"trainer.measure=false); {where} has {format_bytes(limit)}")
+    if measured > limit:
+        raise ResourceError(f"measurement: {examples} examples at length {max(shape.eval_lens)} needs about "
+                            f"{format_bytes(measured)} (lower trainer.measure_examples, or set "
+                            f"trainer.measure=false); {where} has {format_bytes(limit)}")
     return tokens
 
 
@@ -242,5 +244,5 @@ def total_bytes(cfg: DictConfig) -> float:
 
 
 __all__ = ["ModelFacts", "RunShape", "activation_bytes", "check_training", "eval_bytes", "eval_tokens",
-           "examples_per_pass", "fit_training", "fitted", "model_facts", "param_count", "run_shape", "shape_of",
+           "fit_training", "fitted", "model_facts", "param_count", "run_shape", "shape_of",
            "total_bytes", "train_bytes"]
