@@ -73,9 +73,10 @@ def test_non_positive_kernel_denominator_is_caught_not_floored(tmp_path, capsys,
 
 def test_a_sweep_goes_on_after_a_numerical_fault(tmp_path, monkeypatch):
     """In a sweep the failed run is recorded and the call returns, so the next run starts."""
+    from harness.outputs.rundir import Where
     from harness.run import job as run_module
 
-    monkeypatch.setattr(run_module, "_hydra_context", lambda: (None, True, tmp_path))
+    monkeypatch.setattr(run_module, "_hydra_context", lambda fresh: Where(None, True, tmp_path, fresh))
     monkeypatch.setattr(torch.nn.functional, "cross_entropy",
                         lambda *a, **k: torch.tensor(float("inf"), requires_grad=True))
     out = run_job(compose_config([*RUN, f"out_dir={tmp_path / 'a'}"]))

@@ -72,7 +72,7 @@ def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -
     try:
         try:
             plan = plan_for(cfg, plan)
-        except ValueError as exc:
+        except Exception as exc:
             if not where.multirun:  # a single run is refused before anything is written
                 raise
             plan, failure = None, exc  # a sweep records it in the job's directory, and goes on
@@ -90,7 +90,7 @@ def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -
         run.release()
 
 
-def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: ValueError | None,
+def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exception | None,
                  record: dict[str, Any]) -> dict[str, Any]:
     """The plan's mode in its claimed directory; ``failure``: why a sweep's job has no plan,
     recorded as a failed run. ``record``: the start of its results.json; ``goes_on``: a failure
