@@ -21,7 +21,8 @@ from harness.errors import DamagedFile
 from harness.outputs import checkpoint
 from harness.outputs.checkpoint import checkpoint_files, load_model
 from harness.outputs.lock import LOCK_FILE
-from harness.run.job import find_completed, run_job
+from harness.outputs.rundir import find_completed
+from harness.run.job import run_job
 
 RUN = ["task=recall", "model=elu", "model.d_model=16", "logger=none", "trainer.max_steps=60",
        "trainer.batch_size=8", "trainer.eval_every=50", "trainer.eval_examples=16",
@@ -142,7 +143,7 @@ def test_sweep_redoes_a_run_whose_model_or_results_are_damaged(tmp_path):
     (runs["elu"] / "results.json").write_text('{"status": "ok", "conf')  # cut short
     cfg = compose_config(["task=recall", "trainer=debug", "logger=none", "trainer.measure=false",
                           "model=softmax"])
-    from harness.outputs.results import config_hash
+    from harness.config.digest import config_hash
 
     assert find_completed(sweep, config_hash(cfg)) is None
     second = harness(*args, timeout=600)

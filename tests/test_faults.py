@@ -73,9 +73,10 @@ def test_non_positive_kernel_denominator_is_caught_not_floored(tmp_path, capsys,
 
 def test_a_sweep_goes_on_after_a_numerical_fault(tmp_path, monkeypatch):
     """In a sweep the failed run is recorded and the call returns, so the next run starts."""
+    from harness.outputs.rundir import Where
     from harness.run import job as run_module
 
-    monkeypatch.setattr(run_module, "_hydra_context", lambda: (None, True, tmp_path))
+    monkeypatch.setattr(run_module, "_hydra_context", lambda fresh: Where(None, True, tmp_path, fresh))
     monkeypatch.setattr(torch.nn.functional, "cross_entropy",
                         lambda *a, **k: torch.tensor(float("inf"), requires_grad=True))
     out = run_job(compose_config([*RUN, f"out_dir={tmp_path / 'a'}"]))
@@ -128,12 +129,12 @@ def test_same_seed_same_metrics_other_seed_differs(tmp_path):
 
 def _watched_step(model_name="elu", poison=None, scale=1.0, max_norm=1.0):
     """One watched forward/backward on a small model; poison(model) edits the gradients."""
-    from harness.config.build import build_model
+    from harness.config.plan import prepare
     from harness.train.faults import FaultWatch
 
     cfg = compose_config([*RUN, f"model={model_name}"])
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = prepare(cfg).build_model()
     watch = FaultWatch(model, model_name)
     inputs = torch.randint(0, cfg.task.vocab_size, (2, 16))
     with watch.forward_pass():

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from harness.peak_memory import LiveMemory
-from harness.config.build import build_model, task_config
+from harness.config.build import task_config
+from harness.config.plan import prepare
 from harness.config.compose import compose_config
 from harness.devices import LIMIT_ENV, format_bytes, memory_limit, parse_bytes
 from harness.measure import probe
@@ -223,7 +224,7 @@ def test_training_and_evaluation_estimates_bound_the_measured_peak(overrides):
     module, tcfg = task_config(cfg.task)
     shape = memory.run_shape(cfg)
     f = shape.facts
-    model = build_model(cfg)
+    model = prepare(cfg).build_model()
     assert f.params == pytest.approx(sum(p.numel() for p in model.parameters()), rel=0.1)
     opt = build_optimizer(model, cfg.trainer)
     b = module.make_batch(tcfg, 4, seed=0)
@@ -283,8 +284,8 @@ def test_every_paper_configuration_fits_the_reference_machine(monkeypatch):
         for model in models:
             cfg = compose_config([f"+experiment=paper/{name}", *smoke.grid_overrides(params, "last"),
                                   f"model={model}", "trainer.device=cpu"])
-            check_resources(cfg)  # ResourceError if it does not fit
+            plan = check_resources(prepare(cfg))  # ResourceError if it does not fit
             if cfg.mode == "train":
-                assert memory.check_training(cfg) > 0  # the tokens per evaluation pass that fit
+                assert plan.eval_tokens > 0  # the tokens per evaluation pass that fit
             checked += 1
     assert checked >= 7 * len(smoke.experiments("paper")) - 7  # every mixer of every grid

@@ -151,7 +151,7 @@ def test_resume_option_continues_a_run_in_its_directory(tmp_path, monkeypatch):
 
 def test_checkpoint_of_another_config_is_refused_by_name(tmp_path, capsys):
     from harness.outputs import checkpoint
-    from harness.outputs.results import config_hash, flat_config
+    from harness.config.digest import config_hash, flat_config
 
     cut = tmp_path / "run"
     cut.mkdir()

@@ -81,11 +81,12 @@ def test_measure_examples_is_the_count_measured(tmp_path, examples, measured):
     assert res["summary"]["measure_examples"] == measured
 
 def test_on_step_is_called_once_per_step_in_order(tmp_path):
+    from harness.run.job import plan_for
     from harness.train.loop import train
 
     cfg = compose_config(["trainer=debug", "logger=none", "trainer.measure=false", f"out_dir={tmp_path}"])
     steps = []
-    train(cfg, tmp_path, on_step=steps.append)
+    train(plan_for(cfg), tmp_path, on_step=steps.append)
     assert steps == list(range(1, cfg.trainer.max_steps + 1))
 
 
@@ -130,14 +131,14 @@ def test_accuracy_and_memory_per_length_the_long_sets_at_the_end(tmp_path):
 
 
 def test_evaluation_streamed_in_passes_is_one_pass_and_runs_the_chunk_form():
-    from harness.config.build import build_model, task_config
+    from harness.config.plan import prepare
     from harness.train.loop import autocast_factory, evaluate, make_eval_sets
 
     cfg = compose_config(["trainer=debug", "logger=none", "model=retnet", "model.form=parallel",
                           "task.test_seq_len=[64,128]"])
-    module, tcfg = task_config(cfg.task)
-    sets = make_eval_sets(module, tcfg, cfg.trainer, 0, torch.device("cpu"))
-    model = build_model(cfg)
+    plan = prepare(cfg)
+    sets = make_eval_sets(plan.module, plan.tcfg, cfg.trainer, 0, torch.device("cpu"))
+    model = plan.build_model()
     forms = []
     mixer = model.mixers()[0]
     inner = mixer.forward
@@ -203,6 +204,7 @@ def test_patience_null_never_stops_early(tmp_path):
 def test_resumed_run_keeps_the_plateau_counter(tmp_path):
     """Killed after step 5 (checkpoint at 4: one evaluation without improvement so far), the rerun
     stops at step 8 as the whole run does; a counter started afresh would stop at 12."""
+    from harness.run.job import plan_for
     from harness.train.loop import train
 
     def crash(step):
@@ -211,7 +213,7 @@ def test_resumed_run_keeps_the_plateau_counter(tmp_path):
 
     cfg = compose_config(["trainer=debug", "logger=none", f"out_dir={tmp_path}", *PLATEAU, "trainer.patience=3"])
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, tmp_path, on_step=crash)
+        train(plan_for(cfg), tmp_path, on_step=crash)
     res = run(tmp_path, *PLATEAU, "trainer.patience=3")
     whole = run(tmp_path / "whole", *PLATEAU, "trainer.patience=3")
     assert res["summary"]["steps"] == whole["summary"]["steps"] == 8
@@ -221,11 +223,12 @@ def test_resumed_run_keeps_the_plateau_counter(tmp_path):
 
 def test_progress_in_a_log_file_is_one_line_per_evaluation(tmp_path, capsys):
     """Output captured (not a terminal): no progress bar, a line per evaluation (steps 3 and 6)."""
+    from harness.run.job import plan_for
     from harness.train.loop import train
 
     cfg = compose_config(["trainer=debug", "logger=none", "trainer.measure=false", "trainer.progress=true",
                           f"out_dir={tmp_path}"])
-    train(cfg, tmp_path)
+    train(plan_for(cfg), tmp_path)
     out, err = capsys.readouterr()
     lines = [line for line in out.splitlines() if line.startswith("[harness] step ")]
     assert [line.split(":")[0] for line in lines] == ["[harness] step 3/6", "[harness] step 6/6"]

@@ -124,11 +124,12 @@ def test_merge_rows_adds_the_columns_by_layer_head_value():
 def test_measured_on_a_trained_run(tmp_path):
     """A (tiny) trained run reports the trained-statistics law in its summary and heads rows."""
     from harness.config.compose import compose_config
+    from harness.run.job import plan_for
     from harness.train.loop import train
 
     cfg = compose_config(["task=recall", "model=elu", "model.d_model=16", "trainer=debug", "logger=none",
                           "trainer.checkpoint=false", "task.test_num_pairs=[2,4]"])
-    results = train(cfg, tmp_path)
+    results = train(plan_for(cfg), tmp_path)
     s = results["summary"]
     for key in ("d_kernel", "snr_readout_trained", "acc_readout_trained", "n_eff", "value_dim", "candidates"):
         assert key in s and np.isfinite(s[key]), key

@@ -23,12 +23,13 @@ from omegaconf import OmegaConf
 import harness
 from analysis import figures
 from analysis.loader import load_all
-from harness.config.build import build_model
+from harness.config.digest import config_hash, identify
+from harness.config.plan import prepare
 from harness.config.compose import compose_config
 from harness.errors import DamagedFile
 from harness.outputs import checkpoint
-from harness.outputs.results import RESULTS_FILE, base_results, config_hash, read_results, write_json
-from harness.run.job import find_completed
+from harness.outputs.results import RESULTS_FILE, base_results, read_results, write_json
+from harness.outputs.rundir import find_completed
 
 SMALL = ["task=recall", "trainer=debug", "logger=none", "model.d_model=16"]
 
@@ -38,9 +39,9 @@ def finished_run(run_dir: Path, overrides=(), *, weights_of=None) -> Path:
     those of another config's model (saved under this run's config)."""
     cfg = compose_config([*SMALL, *overrides])
     torch.manual_seed(0)
-    model = build_model(compose_config([*SMALL, *weights_of]) if weights_of else cfg)
+    model = prepare(compose_config([*SMALL, *weights_of]) if weights_of else cfg).build_model()
     run_dir.mkdir(parents=True, exist_ok=True)
-    results = base_results(cfg, "train")
+    results = base_results(cfg, *identify(cfg))
     results["files"] = {checkpoint.MODEL_FILE: checkpoint.save_model(
         run_dir, {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True)})}
     write_json(run_dir / RESULTS_FILE, results)

@@ -115,7 +115,7 @@ def precheck(monkeypatch, tmp_path, capsys):
     A config the pre-check wrongly lets through must not train: the job is replaced by one
     that fails at once, which Hydra reports with exit code 1, not 2.
     """
-    def refuse(cfg):
+    def refuse(cfg, *handed):
         raise AssertionError("the pre-check let a bad config through")
 
     monkeypatch.setattr("harness.run.job.run_job", refuse)
@@ -167,7 +167,7 @@ def test_window_leaves_the_hashes_of_existing_runs_unchanged():
     """model.window (added after results were first written) stays out of the hash while null."""
     from omegaconf import OmegaConf
 
-    from harness.outputs.results import config_hash, flat_config, hashed_items
+    from harness.config.digest import config_hash, flat_config, hashed_items
 
     cfg = compose_config(["logger=none"])
     assert flat_config(cfg)["model.window"] is None and "model.window" not in hashed_items(flat_config(cfg))
@@ -179,7 +179,7 @@ def test_window_leaves_the_hashes_of_existing_runs_unchanged():
 
 
 def test_a_run_validates_its_config_and_model_once(tmp_path, monkeypatch):
-    """The CLI prepares the run's plan before Hydra starts (harness.train.plan.prepare) and hands it
+    """The CLI prepares the run's plan before Hydra starts (harness.config.plan.prepare) and hands it
     to the job: the config is validated once per run, the model's checks run once, and the
     training run reads the plan (no validation inside the job or the model's constructor)."""
     import json

@@ -31,15 +31,30 @@ from typing import Any
 import torch
 
 from harness.bench.timing import median, sync
+from harness.config.plan import RunPlan
 
 
-def loop_config(overrides: list[str], steps: int, device: str, out_dir: Path):
-    from harness.config.compose import compose_config
-
+def _loop_overrides(overrides: list[str], steps: int, device: str, out_dir: Path) -> list[str]:
     fixed = ["logger=none", "trainer.progress=false", "trainer.measure=false", "trainer.checkpoint=false",
              f"trainer.max_steps={steps}", f"trainer.eval_every={steps}", "trainer.target_accuracy=null",
              f"trainer.device={device}", f"out_dir={out_dir}"]
-    return compose_config([*overrides, *fixed])
+    return [*overrides, *fixed]
+
+
+def loop_config(overrides: list[str], steps: int, device: str, out_dir: Path):
+    """The timed loop's config, composed and validated."""
+    from harness.config.compose import compose_config
+
+    return compose_config(_loop_overrides(overrides, steps, device, out_dir))
+
+
+def loop_plan(overrides: list[str], steps: int, device: str, out_dir: Path) -> RunPlan:
+    """The timed loop's plan: its config validated once, its evaluation fitted to the device."""
+    from harness.config.compose import compose_config
+    from harness.config.plan import prepare
+    from harness.train.memory import fitted
+
+    return fitted(prepare(compose_config(_loop_overrides(overrides, steps, device, out_dir), validate=False)))
 
 
 def _window(stamps: list[float], log_every: int, data_chunk: int, device: torch.device, skip: int) -> tuple[int, float]:
@@ -56,35 +71,29 @@ def _window(stamps: list[float], log_every: int, data_chunk: int, device: torch.
     return last - first, stamps[last - 1] - stamps[first - 1]
 
 
-def time_train_loop(cfg) -> float:
-    """Steps per second of harness.train.loop.train on cfg (its step loop only)."""
-    from harness.devices import select_device
+def time_train_loop(plan: RunPlan) -> float:
+    """Steps per second of harness.train.loop.train on the plan (its step loop only)."""
     from harness.train.loop import train
 
-    device = select_device(cfg.trainer.device)
     stamps: list[float] = []
     with contextlib.redirect_stdout(io.StringIO()):  # train() reports its run
-        train(cfg, Path(cfg.out_dir), on_step=lambda step: stamps.append(time.perf_counter()))
-    tr = cfg.trainer
+        train(plan, Path(plan.cfg.out_dir), on_step=lambda step: stamps.append(time.perf_counter()))
+    tr = plan.cfg.trainer
     skip = max(tr.data_chunk, min(tr.log_every, tr.max_steps // 4))  # first steps allocate and warm up
-    steps, seconds = _window(stamps, tr.log_every, tr.data_chunk, device, skip)
+    steps, seconds = _window(stamps, tr.log_every, tr.data_chunk, plan.device, skip)
     return steps / seconds
 
 
-def time_bare_loop(cfg, steps: int, warmup: int = 3) -> float:
-    """Steps per second of forward + backward + optimizer alone on cfg's model and batch size."""
-    from harness.config.build import build_model, task_config
-    from harness.devices import select_device
+def time_bare_loop(plan: RunPlan, steps: int, warmup: int = 3) -> float:
+    """Steps per second of forward + backward + optimizer alone on the plan's model and batch size."""
     from harness.tasks import label_positions
     from harness.train.loop import autocast_factory, build_optimizer, lm_loss
 
-    tr = cfg.trainer
-    device = select_device(tr.device)
-    module, tcfg = task_config(cfg.task)
-    batch = module.make_batch(tcfg, tr.batch_size, seed=0, device=device, split="train")
+    tr, device = plan.cfg.trainer, plan.device
+    batch = plan.module.make_batch(plan.tcfg, tr.batch_size, seed=0, device=device, split="train")
     positions, targets = label_positions(batch.targets)  # the head at the labels, as train() does
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg).to(device)
+    torch.manual_seed(plan.cfg.seed)
+    model = plan.build_model().to(device)
     step_model = torch.compile(model) if tr.compile else model
     opt = build_optimizer(model, tr)
     autocast = autocast_factory(device, tr.precision)
@@ -108,22 +117,19 @@ def time_bare_loop(cfg, steps: int, warmup: int = 3) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def time_plain_loop(cfg, steps: int) -> float:
+def time_plain_loop(plan: RunPlan, steps: int) -> float:
     """Steps per second of train()'s step loop without the harness's extras (see the module
-    docstring): cfg's data, optimizer, schedule and loss sync every trainer.log_every steps, on
-    cfg's model with model.short_conv=false, no fault watch and no clipping."""
-    from omegaconf import OmegaConf
+    docstring): the plan's data, optimizer, schedule and loss sync every trainer.log_every steps,
+    on its model with model.short_conv=false, no fault watch and no clipping."""
+    from dataclasses import replace
 
-    from harness.config.build import build_model, task_config
-    from harness.devices import select_device
     from harness.train.loop import autocast_factory, build_optimizer, lm_loss, lr_schedule, train_batches
 
-    tr = cfg.trainer
-    device = select_device(tr.device)
-    module, tcfg = task_config(cfg.task)
-    plain = OmegaConf.merge(cfg, {"model": {"short_conv": False}})
+    cfg, tr, device = plan.cfg, plan.cfg.trainer, plan.device
+    module, tcfg = plan.module, plan.tcfg
+    plain = replace(plan, mcfg=replace(plan.mcfg, short_conv=False), checked=False)  # validated as it is built
     torch.manual_seed(cfg.seed)
-    model = build_model(plain).to(device)
+    model = plain.build_model().to(device)
     opt = build_optimizer(model, tr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(tr))
     autocast = autocast_factory(device, tr.precision)
@@ -157,16 +163,16 @@ def extras_ratio(overrides: list[str] | None = None, *, steps: int = 200, rounds
     loop_rates, plain_rates = [], []
     try:
         with tempfile.TemporaryDirectory(prefix="harness-bench-loop-") as tmp:
-            cfg = loop_config(overrides, steps, device, Path(tmp))
+            plan = loop_plan(overrides, steps, device, Path(tmp))
             for _ in range(rounds):
-                loop_rates.append(time_train_loop(cfg))
-                plain_rates.append(time_plain_loop(cfg, steps))
+                loop_rates.append(time_train_loop(plan))
+                plain_rates.append(time_plain_loop(plan, steps))
     finally:
         torch.use_deterministic_algorithms(deterministic)
     loop, plain = median(loop_rates), median(plain_rates)
     return {"ratio": plain / loop, "loop_steps_per_s": loop, "plain_steps_per_s": plain,
             "loop_samples": loop_rates, "plain_samples": plain_rates, "steps": steps, "rounds": rounds,
-            "overrides": overrides, "model": cfg.model.name, "task": cfg.task.name,
+            "overrides": overrides, "model": plan.mcfg.name, "task": plan.cfg.task.name,
             "plain": "model.short_conv=false, no fault watch, no gradient clipping"}
 
 
@@ -178,14 +184,14 @@ def loop_efficiency(overrides: list[str] | None = None, *, steps: int = 200, rou
     loop_rates, bare_rates = [], []
     try:
         with tempfile.TemporaryDirectory(prefix="harness-bench-loop-") as tmp:
-            cfg = loop_config(overrides, steps, device, Path(tmp))
+            plan = loop_plan(overrides, steps, device, Path(tmp))
             for _ in range(rounds):
-                loop_rates.append(time_train_loop(cfg))  # train() sets its own determinism flags,
-                bare_rates.append(time_bare_loop(cfg, steps))  # which the bare loop then shares
+                loop_rates.append(time_train_loop(plan))  # train() sets its own determinism flags,
+                bare_rates.append(time_bare_loop(plan, steps))  # which the bare loop then shares
     finally:
         torch.use_deterministic_algorithms(deterministic)
     loop, bare = median(loop_rates), median(bare_rates)
     return {"efficiency": loop / bare, "loop_steps_per_s": loop, "bare_steps_per_s": bare,
             "loop_samples": loop_rates, "bare_samples": bare_rates, "steps": steps, "rounds": rounds,
             "overrides": overrides,
-            "model": cfg.model.name, "task": cfg.task.name, "batch_size": cfg.trainer.batch_size}
+            "model": plan.mcfg.name, "task": plan.cfg.task.name, "batch_size": plan.cfg.trainer.batch_size}

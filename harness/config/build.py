@@ -1,12 +1,12 @@
-"""From a composed config to the objects it names: the task module and its Config, the
-ModelConfig, and the language model sized for the task."""
+"""From a composed config to the objects it names: the task module and its Config, and the
+ModelConfig (the model itself is built by the run's plan, harness.config.plan)."""
 from __future__ import annotations
 
 import dataclasses
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.model import LanguageModel, ModelConfig
+from harness.model import ModelConfig
 
 
 def task_config(task: DictConfig):
@@ -21,11 +21,3 @@ def task_config(task: DictConfig):
 
 def model_config(model: DictConfig) -> ModelConfig:
     return ModelConfig(**OmegaConf.to_container(model, resolve=True))
-
-
-def build_model(cfg: DictConfig) -> LanguageModel:
-    """cfg's model for cfg's task: its vocabulary, and positions for the task's longest
-    sequence (task.max_seq_len over the training and evaluation settings)."""
-    module, tcfg = task_config(cfg.task)
-    return LanguageModel(model_config(cfg.model), vocab_size=tcfg.vocab_size,
-                         max_seq_len=module.max_seq_len(tcfg))

@@ -4,7 +4,7 @@ Hydra reports composition errors over several lines and a stack-trace hint. A re
 misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
 model is built: `compose_config` composes exactly what a run would see, turns any error into a
 ConfigError (a ValueError whose message is one line) and validates the result (unless the
-caller prepares it: harness.train.plan).
+caller prepares it: harness.config.plan).
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def with_outside_tasks(overrides: list[str]) -> list[str]:
 
 def compose_config(overrides: list[str], validate: bool = True):
     """Compose (and validate) the config for `overrides` exactly as a run would see it.
-    validate=False: composed only, for a caller that prepares it (harness.train.plan.prepare
+    validate=False: composed only, for a caller that prepares it (harness.config.plan.prepare
     validates it once, with the rest of the run's plan)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from functools import partial
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -37,76 +38,72 @@ def _fields(schema: type) -> set[str]:
 
 
 def _check_keys(c: dict) -> None:
-    """Exactly the schemas' keys, and every group chosen."""
-    checks.schema_keys("", c, _fields(Config))
-    task = c["task"]
-    task_fields = _fields(task_schema(task["name"])) if isinstance(task, dict) else set()
-    schemas = {"task": task_fields, "model": _fields(ModelConfig), "trainer": _fields(TrainerConfig),
-               "logger": _fields(LoggerConfig), "probe": _fields(ProbeConfig),
+    """Exactly the schemas' keys, and every group chosen (the top level first: it has every group)."""
+    task = c.get("task")
+    task_fields = _fields(task_schema(task["name"])) if isinstance(task, dict) and "name" in task else set()
+    schemas = {"": _fields(Config), "task": task_fields, "model": _fields(ModelConfig),
+               "trainer": _fields(TrainerConfig), "logger": _fields(LoggerConfig), "probe": _fields(ProbeConfig),
                "cost": _fields(CostConfig), "sweep": _fields(SweepConfig)}
     for section, fields in schemas.items():
-        checks.schema_keys(f"{section}.", c[section], fields)
+        checks.schema_keys(f"{section}." if section else "", c[section] if section else c, fields)
 
 
-def _check_trainer(tr: dict):
-    """The trainer's keys; returns the device `trainer.device` names."""
-    for key in ("max_steps", "batch_size", "eval_every", "eval_examples", "eval_tokens", "data_chunk",
-                "log_every", "measure_examples"):
-        checks.integer(f"trainer.{key}", tr[key])
-    checks.integer("trainer.warmup_steps", tr["warmup_steps"], minimum=0)
-    checks.integer("trainer.threads", tr["threads"], nullable=True)
-    checks.integer("trainer.ckpt_every", tr["ckpt_every"], nullable=True)
-    checks.number("trainer.lr", tr["lr"], "(0, inf)")
-    checks.number("trainer.weight_decay", tr["weight_decay"], "[0, inf)")
-    checks.number("trainer.min_lr_ratio", tr["min_lr_ratio"], "[0, 1]")
-    checks.number("trainer.grad_clip", tr["grad_clip"], "[0, inf)")  # 0 turns clipping off
-    checks.number("trainer.target_accuracy", tr["target_accuracy"], "(0, 1]", nullable=True)
-    checks.integer("trainer.patience", tr["patience"], nullable=True)
-    checks.number("trainer.min_delta", tr["min_delta"], "[0, inf)")
-    checks.integer("trainer.min_steps", tr["min_steps"], minimum=0)
-    for key in ("compile", "progress", "checkpoint", "measure"):
-        checks.boolean(f"trainer.{key}", tr[key])
-    checks.choice("trainer.precision", tr["precision"], PRECISIONS)
-    return _check_device(tr["device"])
-    # trainer.resume is not checked here: only reading its run directory tells if it resumes.
-
-
-def _check_device(spec: object):
-    """The spelling, and that a CUDA device asked for is there (harness.devices.select_device):
-    the torch.device."""
-    from harness.devices import select_device
-
+def _device_spelling(key: str, spec: object) -> None:
     if not (isinstance(spec, str) and re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", spec)):
-        checks.fail("trainer.device", "auto, cpu, cuda or cuda:N", spec)
-    return select_device(spec)
+        checks.fail(key, "auto, cpu, cuda or cuda:N", spec)
 
 
-def _check_logger(lg: dict) -> None:
-    checks.choice("logger.name", lg["name"], LOGGERS)
-    checks.choice("logger.mode", lg["mode"], WANDB_MODES)
-    checks.text("logger.project", lg["project"], max_len=WANDB_NAME_LEN, forbidden=WANDB_FORBIDDEN)
-    checks.text("logger.entity", lg["entity"], nullable=True)
-    checks.text("logger.group", lg["group"], max_len=WANDB_NAME_LEN, nullable=True)
-    if not isinstance(lg["tags"], list):
-        checks.fail("logger.tags", "a list of strings", lg["tags"])
-    for tag in lg["tags"]:
-        checks.text("logger.tags entry", tag, max_len=WANDB_TAG_LEN)
+def _tags(key: str, tags: object) -> None:
+    if not isinstance(tags, list):
+        checks.fail(key, "a list of strings", tags)
+    for tag in tags:
+        checks.text(f"{key} entry", tag, max_len=WANDB_TAG_LEN)
 
 
-def _check_probe(pr: dict) -> None:
+def _ints(section: str, *names: str) -> tuple[tuple[str, Any], ...]:
+    return tuple((f"{section}.{name}", checks.integer) for name in names)
+
+
+# Every key outside model.* and task.* (those the model's and the task's own validate check) with
+# its rule (harness.checks), in the order a config is read. trainer.resume is not here: only
+# reading its run directory tells if it resumes (harness.outputs.rundir).
+RULES: tuple[tuple[str, Any], ...] = (
+    ("mode", partial(checks.choice, valid=MODES)),
+    ("seed", partial(checks.integer, minimum=0, maximum=SEED_MAX)),
+    *_ints("trainer", "max_steps", "batch_size", "eval_every", "eval_examples", "eval_tokens", "data_chunk",
+           "log_every", "measure_examples"),
+    ("trainer.warmup_steps", partial(checks.integer, minimum=0)),
+    ("trainer.threads", partial(checks.integer, nullable=True)),
+    ("trainer.ckpt_every", partial(checks.integer, nullable=True)),
+    ("trainer.lr", partial(checks.number, interval="(0, inf)")),
+    ("trainer.weight_decay", partial(checks.number, interval="[0, inf)")),
+    ("trainer.min_lr_ratio", partial(checks.number, interval="[0, 1]")),
+    ("trainer.grad_clip", partial(checks.number, interval="[0, inf)")),  # 0 turns clipping off
+    ("trainer.target_accuracy", partial(checks.number, interval="(0, 1]", nullable=True)),
+    ("trainer.patience", partial(checks.integer, nullable=True)),
+    ("trainer.min_delta", partial(checks.number, interval="[0, inf)")),
+    ("trainer.min_steps", partial(checks.integer, minimum=0)),
+    *((f"trainer.{key}", checks.boolean) for key in ("compile", "progress", "checkpoint", "measure")),
+    ("trainer.precision", partial(checks.choice, valid=PRECISIONS)),
+    ("trainer.device", _device_spelling),
+    ("logger.name", partial(checks.choice, valid=LOGGERS)),
+    ("logger.mode", partial(checks.choice, valid=WANDB_MODES)),
+    ("logger.project", partial(checks.text, max_len=WANDB_NAME_LEN, forbidden=WANDB_FORBIDDEN)),
+    ("logger.entity", partial(checks.text, nullable=True)),
+    ("logger.group", partial(checks.text, max_len=WANDB_NAME_LEN, nullable=True)),
+    ("logger.tags", _tags),
     # The probe's read-out needs two sizes and two candidates to compare (harness.measure.probe.probe_row).
-    checks.int_list("probe.d", pr["d"], minimum=2)
-    checks.int_list("probe.n", pr["n"], minimum=2, nullable=True)
-    checks.integer("probe.candidates", pr["candidates"], minimum=2)
-    checks.integer("probe.max_queries", pr["max_queries"])
-    checks.integer("probe.seed", pr["seed"], minimum=0, maximum=SEED_MAX)
-
-
-def _check_cost(co: dict) -> None:
-    checks.int_list("cost.seq_lens", co["seq_lens"])
-    checks.choice_list("cost.forms", co["forms"], COST_FORMS)
-    for key in ("batch_size", "n_heads", "head_dim", "repeats", "recurrent_max_len"):
-        checks.integer(f"cost.{key}", co[key])
+    ("probe.d", partial(checks.int_list, minimum=2)),
+    ("probe.n", partial(checks.int_list, minimum=2, nullable=True)),
+    ("probe.candidates", partial(checks.integer, minimum=2)),
+    ("probe.max_queries", checks.integer),
+    ("probe.seed", partial(checks.integer, minimum=0, maximum=SEED_MAX)),
+    ("cost.seq_lens", checks.int_list),
+    ("cost.forms", partial(checks.choice_list, valid=COST_FORMS)),
+    *_ints("cost", "batch_size", "n_heads", "head_dim", "repeats", "recurrent_max_len"),
+    ("sweep.skip_completed", checks.boolean),
+    ("sweep.fail_on_error", checks.boolean),
+)
 
 
 def mixer_core(cfg: DictConfig) -> tuple[str, int]:
@@ -187,15 +184,13 @@ def validate_config(cfg: DictConfig) -> Checked:
 
 
 def _validate(c: dict, cfg: DictConfig) -> Checked:
+    from harness.devices import select_device
+
     _check_keys(c)
-    checks.choice("mode", c["mode"], MODES)
-    checks.integer("seed", c["seed"], minimum=0, maximum=SEED_MAX)
-    device = _check_trainer(c["trainer"])
-    _check_logger(c["logger"])
-    _check_probe(c["probe"])
-    _check_cost(c["cost"])
-    for key in ("skip_completed", "fail_on_error"):
-        checks.boolean(f"sweep.{key}", c["sweep"][key])
+    for key, rule in RULES:
+        section, _, name = key.rpartition(".")
+        rule(key, c[section][name] if section else c[name])
+    device = select_device(c["trainer"]["device"])  # a CUDA device asked for must be there
 
     mcfg = model_config(cfg.model)
     validate_model(mcfg)

@@ -175,10 +175,10 @@ def open_gate_(gate: nn.Linear) -> None:
     """Start a silu output gate open and equal for every token (W = 0, silu(b) = 1), in place.
 
     With a Xavier-initialised gate, silu(x W) multiplies each read-out by a different random
-    factor per token (about half of them near zero): on the needle task retnet and mamba sat at
-    chance with their mixers' gradients shrinking 40-300 fold, the residual stream growing, and
-    the decays long enough to reach the needles. Open, the layer starts as its plain decayed
-    state and learns the gating (DeltaNet's starting point; docs/reproductions.md).
+    factor per token, many of them near zero, which starves the mixer of gradient while the
+    residual stream grows. Open, the layer starts as its plain decayed state and learns the
+    gating (DeltaNet's starting point; what it changed on the needle task is in
+    docs/reproductions.md).
     """
     nn.init.zeros_(gate.weight)
     nn.init.constant_(gate.bias, GATE_BIAS_OPEN)

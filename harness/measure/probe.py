@@ -354,6 +354,28 @@ def check_probe(models: list[str], ds: list[int], ns: Optional[list[int]], *, de
                            probe_row_bytes(model, d, n, **row_args), device)
 
 
+def _survival(memory, states: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The survival weight of each write at the read (B, N), and the memory's log decays (None
+    for a memory without decay)."""
+    if memory.decay is None:
+        return torch.ones(states, n, dtype=DTYPE), None
+    log_a, scale = memory.decay((states, n), gen)
+    return torch.from_numpy(theory.decay_pair_weights(log_a.numpy(), None if scale is None else scale.numpy())), log_a
+
+
+def _read_additive(memory, lam, keys, V, book, idx, d_v: int, chunk: int):
+    """(signal^2, crosstalk^2, correct) of every read through an additive state. States in groups:
+    the Taylor map's m = 1 + d + d^2 makes 64 states of m x d_v too large at d = 256 (each read
+    only needs its own state)."""
+    states = keys.shape[0]
+    group = state_group(states, memory.d_key, d_v)
+    step = max(1, min(chunk, FEATURE_BUDGET // (group * memory.d_key)))  # bounds (B, step, m) for taylor
+    parts = [_read_through_state(memory.phi_k, memory.phi_q, lam[g : g + group], keys[g : g + group],
+                                 V[g : g + group], book, idx[g : g + group], normalize=memory.normalize, chunk=step)
+             for g in range(0, states, group)]
+    return tuple(torch.cat(t, 0) for t in zip(*parts))
+
+
 def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 1024, max_queries: int = 1024,
               min_queries: int = 1024, value_dim: Optional[int] = None, chunk: int = 4096,
               device: str = "cpu", options: Optional[dict] = None) -> dict:
@@ -371,13 +393,8 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
     keys = random_keys((states, n), d, gen)  # (B, N, d)
     idx = torch.randint(candidates, (states, n), generator=gen)  # (B, N)
     V = book[idx]  # (B, N, d_v)
-
-    log_decay_mean, log_a = math.nan, None
-    lam = torch.ones(states, n, dtype=DTYPE)  # survival weight of each write at the read
-    if memory.decay is not None:
-        log_a, scale = memory.decay((states, n), gen)
-        lam = torch.from_numpy(theory.decay_pair_weights(log_a.numpy(), None if scale is None else scale.numpy()))
-        log_decay_mean = float(log_a.mean())
+    lam, log_a = _survival(memory, states, n, gen)
+    log_decay_mean = float(log_a.mean()) if log_a is not None else math.nan
 
     dev = torch.device(device)
     keys, V, idx, book, lam = (t.to(dev) for t in (keys, V, idx, book, lam))
@@ -400,15 +417,7 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
         law = theory.delta_read_energy(d_eff, lam_read.numpy())
     else:
         d_eff = memory.d_key
-        # States in groups: the Taylor map's m = 1 + d + d^2 makes 64 states of m x d_v too
-        # large at d = 256 (each read only needs its own state).
-        group = state_group(states, d_eff, d_v)
-        step = max(1, min(chunk, FEATURE_BUDGET // (group * d_eff)))  # bounds (B, step, m) for taylor
-        parts = [_read_through_state(memory.phi_k, memory.phi_q, lam[g : g + group], keys[g : g + group],
-                                     V[g : g + group], book, idx[g : g + group], normalize=memory.normalize,
-                                     chunk=step)
-                 for g in range(0, states, group)]
-        sig2, noise2, correct = (torch.cat(t, 0) for t in zip(*parts))
+        sig2, noise2, correct = _read_additive(memory, lam, keys, V, book, idx, d_v, chunk)
         lam_read = lam.cpu()
         read_pairs = theory.crosstalk_pairs(lam_read.numpy())  # (B, N): N_eff of each read
 
@@ -438,15 +447,12 @@ def probe_row(model: str, d: int, n: int, *, seed: int = 0, candidates: int = 10
     return {
         "model": model, "d": d, "n": n, "value_dim": d_v, "candidates": candidates,
         "d_eff": int(d_eff), "n_eff": n_eff, "d_kernel": d_kernel,
-        "snr_measured": math.sqrt(sig2.sum() / noise2.sum()),
-        "snr_predicted": snr_predicted,
-        "snr_kernel": snr_kernel,
-        "acc_measured": float(correct.mean()),
+        "snr_measured": math.sqrt(sig2.sum() / noise2.sum()), "snr_predicted": snr_predicted,
+        "snr_kernel": snr_kernel, "acc_measured": float(correct.mean()),
         "acc_predicted": acc(law_read),
         "acc_kernel": acc(kernel_read) if not math.isnan(d_kernel) else math.nan,
         "acc_from_snr": acc(snr_read, dof=math.inf),
-        "n_state": n_state, "pairs": pairs,
-        "log_decay_mean": log_decay_mean,
+        "n_state": n_state, "pairs": pairs, "log_decay_mean": log_decay_mean,
         "queries": queries, "states": states, "seed": seed, "time_s": time.time() - started,
     }
 

@@ -425,6 +425,14 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
             grab.remove()
         model.train(was_training)
 
+    return _summarize(rows, setup, estimated, status, query, slice_value, slice_name)
+
+
+def _summarize(rows: list[dict[str, list]], setup: list[Optional[tuple]], estimated: list[bool],
+               status: dict[str, str], query: torch.Tensor, slice_value: torch.Tensor, slice_name) -> dict:
+    """measure_model's result from the statistics its passes gathered: a row per (layer, head,
+    slice value), and the summary of the retrieval head."""
+    B, T = query.shape
     row_values = slice_value[query]  # (R,) the slice value of every query row, in row order
     # an estimated layer has rows for its first JACOBIAN_EXAMPLES examples only
     first = min(int(B), JACOBIAN_EXAMPLES)

@@ -34,9 +34,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from harness.config.digest import config_differences, hashed_items
 from harness.errors import DamagedFile, OutputError, first_line, shown
-from harness.outputs.results import (RESULTS_FILE, atomic_write, config_hash, discard, flat_config, hashed_items,
-                                     parse_results, temporary_path)
+from harness.outputs.results import RESULTS_FILE, atomic_write, discard, parse_results, temporary_path
 
 MODEL_FILE = "model.pt"
 FORMAT = 1
@@ -303,27 +303,21 @@ def damaged_outputs(run_dir: Path, results: dict[str, Any]) -> str | None:
     return None
 
 
-def config_differences(saved: dict[str, Any], now: dict[str, Any], limit: int = 3) -> str:
-    """The keys whose values differ between two flat configs, as `key: saved -> now, ...`."""
-    keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-    listed = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in keys[:limit])
-    return listed + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
-
-
-def find_resume(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
+def find_resume(resume: str | None, flat: dict[str, Any], digest: str, out_dir: Path) -> dict[str, Any] | None:
     """The checkpoint this run continues from (loaded), or None for a fresh start.
 
-    `trainer.resume=<dir>` demands one (the run continues in that directory); otherwise a
-    checkpoint already in out_dir is picked up, so rerunning a killed command continues it.
-    Either way the checkpoint must belong to this configuration: a different one is refused
-    with the keys that differ, rather than silently mixing two runs.
+    `trainer.resume=<dir>` (``resume``) demands one (the run continues in that directory);
+    otherwise a checkpoint already in out_dir is picked up, so rerunning a killed command
+    continues it. Either way the checkpoint must belong to this configuration (its flat form and
+    hash: ``flat``, ``digest``): a different one is refused with the keys that differ, rather
+    than silently mixing two runs.
     """
     for odd in not_checkpoints(out_dir):
         warn(f"{odd} is a directory, not a checkpoint: ignored")
     files = checkpoint_files(out_dir)
     if not files:
-        if cfg.trainer.resume:
-            raise ValueError(f"trainer.resume={cfg.trainer.resume}: nothing to resume, {_why_nothing(Path(out_dir))}")
+        if resume:
+            raise ValueError(f"trainer.resume={resume}: nothing to resume, {_why_nothing(Path(out_dir))}")
         return None
     path, saved, damaged = _first_usable(files)
     if saved is None:
@@ -337,9 +331,9 @@ def find_resume(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     if saved.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {saved.get('format')!r}, expected {FORMAT}; "
                          "delete it to start over")
-    if saved.get("config_hash") != config_hash(cfg):
+    if saved.get("config_hash") != digest:
         recorded = saved.get("config") if isinstance(saved.get("config"), dict) else {}
-        diff = config_differences(hashed_items(recorded), hashed_items(flat_config(cfg)))
+        diff = config_differences(hashed_items(recorded), hashed_items(flat))
         raise ValueError(f"{path} belongs to another configuration ({diff}); use another out_dir, "
                          f"or delete the checkpoint to start over")
     return saved

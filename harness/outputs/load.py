@@ -28,12 +28,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config.build import build_model, task_config
+from harness.config.digest import config_differences, flat_config, flat_hash, hashed_items
+from harness.config.plan import reopen
 from harness.errors import DamagedFile
 from harness.layers import registry
 from harness.model import LanguageModel
-from harness.outputs.checkpoint import MODEL_FILE, config_differences, load_model
-from harness.outputs.results import RESULTS_FILE, config_hash, flat_config, hashed_items, parse_results
+from harness.outputs.checkpoint import MODEL_FILE, load_model
+from harness.outputs.results import RESULTS_FILE, parse_results
 from harness.tasks import is_outside
 
 
@@ -73,12 +74,12 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu", trust_c
     check_trusted(run_dir, names, trust_code)
     if results is not None:
         _check_same_run(weights, saved["config"], results)
-    model = build_model(cfg)
+    plan = reopen(cfg, torch.device(device))
+    model = plan.build_model()
     _load_weights(model, saved["model"], weights, names["model.name"])
     model.to(device).eval()
-    module, tcfg = task_config(cfg.task)
     return Run(dir=run_dir, model=model, config=cfg, results=results or {},
-               task_module=module, task_config=tcfg)
+               task_module=plan.module, task_config=plan.tcfg)
 
 
 def check_trusted(run_dir: Path, names: dict[str, Any], trust_code: bool) -> None:
@@ -102,11 +103,12 @@ def _check_same_run(weights: Path, saved_config: dict[str, Any], results: dict[s
     digest = results.get("config_hash")
     if digest is None and not isinstance(recorded, dict):
         return  # nothing recorded to compare with
-    if digest is not None and config_hash(saved_config) == digest:
+    saved_flat = flat_config(saved_config)
+    if digest is not None and flat_hash(saved_flat) == digest:
         return
-    if digest is None and hashed_items(flat_config(saved_config)) == hashed_items(recorded):
+    if digest is None and hashed_items(saved_flat) == hashed_items(recorded):
         return
-    diff = config_differences(hashed_items(flat_config(saved_config)),
+    diff = config_differences(hashed_items(saved_flat),
                               hashed_items(recorded) if isinstance(recorded, dict) else {})
     raise DamagedFile(f"{weights} was saved under another config than {weights.parent / RESULTS_FILE} "
                       f"records (model.pt -> results.json: {diff or 'config_hash differs'}): "

@@ -4,7 +4,6 @@ results.json schema (version 1) is documented in the README; analysis/loader.py 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -15,53 +14,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from harness.errors import DamagedFile, OutputError
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.jsonl"
-# Keys that say where or how loudly a run happens, not what it computes: they do not enter
-# the config hash, so a rerun of a sweep with another output folder still finds its results.
-_HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
-                 "trainer.resume", "logger.", "sweep.")
-
-
-def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
-    """{'model.d_model': 64, ...}: flat, so wandb sweep parameters cannot clobber a subtree."""
-    tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
-    out: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            out[prefix[:-1]] = node
-
-    walk({k: v for k, v in tree.items() if k != "hydra"}, "")
-    return out
-
-
-# Keys added after results were first written: at their default (None) they stay out of the
-# hash, so existing results keep their hash and a rerun of their sweep still finds them.
-_HASH_IF_SET = ("model.decay", "model.window")
-
-
-def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
-    """The flat config entries that say what a run computes (those the hash covers)."""
-    return {k: v for k, v in flat.items()
-            if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)
-            and not (k in _HASH_IF_SET and v is None)}
-
-
-def config_hash(cfg: DictConfig | dict) -> str:
-    flat = hashed_items(flat_config(cfg))
-    blob = json.dumps(flat, sort_keys=True, default=str)
-    return hashlib.sha1(blob.encode()).hexdigest()[:16]
-
-
 def _git_commit() -> str | None:
     try:
         root = Path(__file__).resolve().parent  # a clone: the repository; installed: not a git tree
@@ -193,16 +152,18 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def base_results(cfg: DictConfig, mode: str) -> dict[str, Any]:
+def base_results(cfg: DictConfig, flat: dict[str, Any], digest: str) -> dict[str, Any]:
+    """What every results.json begins with: cfg's mode, task and model, its flat form and hash
+    (a run's plan holds both: harness.config.plan)."""
     return {
         "schema": SCHEMA_VERSION,
-        "mode": mode,
+        "mode": cfg.mode,
         "status": "ok",
         "error": None,
-        "task": cfg.task.name if mode == "train" else None,
+        "task": cfg.task.name if cfg.mode == "train" else None,
         "model": cfg.model.name,
-        "config_hash": config_hash(cfg),
-        "config": flat_config(cfg),
+        "config_hash": digest,
+        "config": flat,
         "summary": {},
     }
 

@@ -4,7 +4,7 @@ Hydra reports composition errors over several lines and a stack-trace hint. A re
 misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
 model is built, so a single run is first composed here with Hydra's compose API and any error
 is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. The
-pre-check is the run's plan (harness.train.plan.prepare: the one validation, the resource
+pre-check is the run's plan (harness.config.plan.prepare: the one validation; then the resource
 check), handed to the job Hydra starts. Sweeps (`-m`) skip the pre-check: each job prepares its
 own plan, and a failing job is recorded without stopping the others.
 """
@@ -26,19 +26,16 @@ def _wants_hydra_only(argv: list[str]) -> bool:
     return any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv)
 
 
-def _run_dir_is_out_dir(argv: list[str]) -> list[str]:
+def _run_dir_is_out_dir(argv: list[str]) -> tuple[list[str], bool]:
     """With `out_dir=DIR` a single run keeps Hydra's own files (.hydra/, the log) in DIR too,
     rather than in a second directory under outputs/. A DIR that does not exist yet is this
-    run's own: a refused run removes it again (harness.run.job.discard_refused)."""
-    from harness.run import job
-
+    run's own (True beside the arguments): a refused run removes it again
+    (harness.outputs.rundir.discard_refused)."""
     keys = {a.split("=", 1)[0].lstrip("+~") for a in argv}
     given = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "out_dir"]
     if "hydra.run.dir" in keys or _is_multirun(argv) or not given or given[-1] in ("", "null"):
-        return argv
-    if not Path(given[-1]).exists():
-        job.FRESH_DIRS.add(Path(given[-1]).resolve())
-    return [*argv, f"hydra.run.dir={given[-1]}"]
+        return argv, False
+    return [*argv, f"hydra.run.dir={given[-1]}"], not Path(given[-1]).exists()
 
 
 def _refuse(message: str) -> None:
@@ -87,16 +84,16 @@ def _check_held(out_dir: Path) -> None:
     raise SystemExit(1)
 
 
-def _check_finished(cfg, out_dir: Path) -> None:
+def _check_finished(plan, out_dir: Path) -> None:
     """A finished run in out_dir of another config is not overwritten: refused, naming the keys
     that differ, unless `+overwrite=true`. The same config is the usual resume or rerun."""
-    from harness.outputs.results import config_hash, flat_config, read_results
+    from harness.outputs.results import read_results
 
     res = read_results(out_dir)
-    if not isinstance(res, dict) or res.get("status") != "ok" or res.get("config_hash") in (None, config_hash(cfg)):
+    if not isinstance(res, dict) or res.get("status") != "ok" or res.get("config_hash") in (None, plan.digest):
         return
     old = res.get("config") if isinstance(res.get("config"), dict) else {}
-    new = flat_config(cfg)
+    new = plan.flat
     keys = sorted(k for k in set(old) | set(new) if k != "out_dir" and old.get(k) != new.get(k))
     named = ", ".join(f"{k} ({old.get(k)!r} there, {new.get(k)!r} now)" for k in keys[:8])
     more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
@@ -115,18 +112,18 @@ def main(argv: list[str] | None = None) -> None:
         overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")
                      or a.lstrip("+~").startswith("hydra.searchpath")]
         try:
-            from harness.train.plan import prepare
+            from harness.run.job import plan_for
 
             # validated once, its resources checked (a run the device cannot hold is refused
             # here), and handed to the job Hydra starts
-            plan = prepare(compose_config(overrides, validate=False))
+            plan = plan_for(compose_config(overrides, validate=False))
             cfg = plan.cfg
             if cfg.out_dir:
                 out_dir = Path(cfg.out_dir)
                 _check_out_dir(out_dir)
                 _check_held(out_dir)
                 if not overwrite:
-                    _check_finished(cfg, out_dir)
+                    _check_finished(plan, out_dir)
         except ValueError as exc:
             if not in_one_line(exc):
                 raise
@@ -142,22 +139,22 @@ def main(argv: list[str] | None = None) -> None:
     from harness.run.job import run_job
 
     register()
-    argv = _run_dir_is_out_dir(argv)
+    argv, fresh = _run_dir_is_out_dir(argv)
     try:
         argv = with_outside_tasks(argv)  # in a sweep too: each job composes its task's schema
     except ConfigError as exc:
         print(f"harness: error: {shown(exc)}", file=sys.stderr)
         raise SystemExit(2) from None
     sys.argv = [sys.argv[0], *argv]
-    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_job(run_job, plan))()
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_job(run_job, plan, fresh))()
 
 
-def _job(run_job, plan):
-    """run_job with the pre-check's plan (None for a sweep, whose jobs prepare their own); Hydra
-    reads the job's name off the wrapped function."""
+def _job(run_job, plan, fresh: bool):
+    """run_job with the pre-check's plan (None for a sweep, whose jobs prepare their own) and
+    whether out_dir is new to this start; Hydra reads the job's name off the wrapped function."""
     import functools
 
     @functools.wraps(run_job)
     def job(cfg):
-        return run_job(cfg, plan)
+        return run_job(cfg, plan, fresh)
     return job

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
-from harness.train.plan import RunPlan
+from harness.config.plan import RunPlan
 
 MAX_CALL_S = 2.0  # a call predicted (from the previous length) to take longer is skipped
 
@@ -52,7 +52,7 @@ def cost_run(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
         row.pop("samples", None)
     gemm = median(rates)
     top = max(cc.seq_lens)
-    results = base_results(cfg, "cost")
+    results = base_results(cfg, plan.flat, plan.digest)
     results["cost"] = rows
     results["summary"] = {
         "rows": len(rows), "wall_time_s": time.time() - started, "family": family, "d_key": d_key,

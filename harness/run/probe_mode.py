@@ -8,7 +8,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
-from harness.train.plan import RunPlan
+from harness.config.plan import RunPlan
 
 
 def probe_options(model: DictConfig) -> dict[str, Any]:
@@ -24,11 +24,11 @@ def probe_run(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
 
     started = time.time()
     cfg, device = plan.cfg, plan.device
-    rows = run_probe([cfg.model.name], list(cfg.probe.d), list(cfg.probe.n) if cfg.probe.n is not None else None, seed=cfg.probe.seed,
-                     candidates=cfg.probe.candidates, max_queries=cfg.probe.max_queries,
-                     device=str(device), progress=cfg.trainer.progress,
-                     options=probe_options(cfg.model))
-    results = base_results(cfg, "probe")
+    results = base_results(cfg, plan.flat, plan.digest)
+    options = probe_options(cfg.model)
+    rows = run_probe([plan.mcfg.name], list(cfg.probe.d), list(cfg.probe.n) if cfg.probe.n is not None else None,
+                     seed=cfg.probe.seed, candidates=cfg.probe.candidates, max_queries=cfg.probe.max_queries,
+                     device=str(device), progress=cfg.trainer.progress, options=options)
     results["probe"] = rows
     results["summary"] = {"rows": len(rows), "wall_time_s": time.time() - started}
     results["env"] = env_info(str(device))

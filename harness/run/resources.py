@@ -7,21 +7,25 @@ estimate and the limit, before anything large is allocated (harness.devices.chec
   probe  every (d, N) row of the grid (harness.measure.probe.probe_row_bytes)
   cost   nothing up front: each measured call that would not fit is skipped and recorded so
          (harness.bench.run.measure_forms)
-
-A run's plan makes the check once (harness.train.plan.prepare); this is the same check for a
-caller that holds a plan, or a config it has not prepared.
 """
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
-from harness.train.plan import RunPlan, as_plan
-from harness.train.plan import check_resources as check_plan
+from harness.config.plan import RunPlan
 
 
-def check_resources(run: RunPlan | DictConfig) -> None:
-    """ResourceError (a ValueError: exit code 2) if the run cannot fit on its device."""
-    if isinstance(run, RunPlan):
-        check_plan(run)
-    else:
-        as_plan(run)  # preparing a config checks its resources
+def check_resources(plan: RunPlan) -> RunPlan:
+    """ResourceError (a ValueError: exit code 2) if the plan's run cannot fit on its device; else
+    the plan, a training run's with the tokens per evaluation pass that fit (trainer.eval_tokens,
+    or fewer)."""
+    cfg = plan.cfg
+    if plan.mode == "train":
+        from harness.train.memory import fitted
+
+        return fitted(plan)
+    if plan.mode == "probe":
+        from harness.measure.probe import check_probe
+
+        pr = cfg.probe
+        check_probe([plan.mcfg.name], list(pr.d), list(pr.n) if pr.n is not None else None,
+                    device=str(plan.device), candidates=pr.candidates, max_queries=pr.max_queries)
+    return plan

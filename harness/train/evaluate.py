@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from harness.tasks import IGNORE, label_positions
-from harness.train.memory import examples_per_pass
 
 
 @dataclass
@@ -62,6 +61,14 @@ def periodic_sets(eval_sets: list[EvalSet], train_len: int) -> list[EvalSet]:
     progress, and are evaluated once, at the end; when every set is longer (the run asks for
     nothing else), all are periodic."""
     return [es for es in eval_sets if es.seq_len <= train_len] or list(eval_sets)
+
+
+def examples_per_pass(seq_len: int, tokens: int, examples: int | None = None) -> int:
+    """Examples of length `seq_len` in one evaluation pass of `tokens` tokens (at least one;
+    at most the set's `examples`): how `evaluate` streams a set (harness.train.memory estimates
+    its peak from the same count)."""
+    per = max(1, tokens // max(1, seq_len))
+    return per if examples is None else min(per, examples)
 
 
 EVAL_FORM = "chunk"  # evaluation runs the linear families in the chunk form: memory linear in T

@@ -26,9 +26,10 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from harness.config.plan import RunPlan
 from harness.errors import OutOfMemory, RunError, first_line, is_out_of_memory
 from harness.layers.parts import qk_width
 from harness.outputs.results import METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info, write_json
@@ -36,7 +37,6 @@ from harness.devices import format_bytes
 from harness.tasks import IGNORE, label_positions
 from harness.train.evaluate import (EvalSet, evaluate, make_eval_sets, periodic_sets, setting_names,
                                     with_val_accuracy)
-from harness.train.plan import RunPlan, as_plan
 
 
 def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
@@ -105,8 +105,8 @@ def _measure(model, eval_sets: list[EvalSet], examples: int, train_len: int) -> 
     count actually used. Then the crosstalk law from the model's own statistics
     (harness.measure.trained_theory) on the same examples, added to each heads row and, for the
     summary's retrieval head, to the summary. Longer sets are evaluated, not measured: the
-    effective weights cost O(T^2) per read (a delta-rule run's 16,384-token sets took 440 s of
-    its 493), and what carries to those lengths is the out-of-sample law (_measure_into)."""
+    effective weights cost O(T^2) per read, and what carries to those lengths is the
+    out-of-sample law (_measure_into)."""
     from harness.measure.trained import measure_model
     from harness.measure.trained_theory import measure_trained_theory, merge_rows
 
@@ -268,20 +268,20 @@ class Run:
         return {"path": str(self.ckpt_path), "step": self.ckpt_step} if self.ckpt_step is not None else None
 
 
-def train(run: RunPlan | DictConfig, out_dir: Path, on_step: Callable[[int], None] | None = None,
+def train(plan: RunPlan, out_dir: Path, on_step: Callable[[int], None] | None = None,
           resume: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train the plan's model on its task (a config is prepared first: harness.train.plan); write
+    """Train the plan's model on its task (its resources checked: harness.run.resources); write
     metrics and results into out_dir.
 
-    A checkpoint (`checkpoint-<step>-<digest>.pt`) is written every `trainer.ckpt_every` steps; if
-    out_dir already holds one of this configuration, training continues from it and ends exactly
-    as an uninterrupted run would. ``on_step(step)`` is called after each optimizer step (and the
-    loop's logging), before any evaluation: the loop benchmark times steps with it.
-    ``resume``: that checkpoint, when the caller has loaded it already (harness.run.job does).
+    A checkpoint (`checkpoint-<step>-<digest>.pt`) is written every `trainer.ckpt_every` steps.
+    ``resume``: the checkpoint of this configuration the run continues from (found and loaded when
+    its directory was claimed: harness.outputs.rundir), which makes it end exactly as an
+    uninterrupted run would; None starts afresh. ``on_step(step)`` is called after each optimizer
+    step (and the loop's logging), before any evaluation: the loop benchmark times steps with it.
     """
     from harness.train.faults import NumericalFault
 
-    r = start(as_plan(run), out_dir, resume, on_step)
+    r = start(plan, out_dir, resume, on_step)
     failed = True
     try:
         reason = steps(r)
@@ -308,7 +308,7 @@ def train(run: RunPlan | DictConfig, out_dir: Path, on_step: Callable[[int], Non
 def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
           on_step: Callable[[int], None] | None = None) -> Run:
     """Everything before the first step: the seed, the evaluation sets, the model and optimiser
-    (restored from ``resume`` or a checkpoint in out_dir), the logger, the metrics file, the data
+    (restored from ``resume``), the logger, the metrics file, the data
     stream and the progress display."""
     from harness.outputs import checkpoint
     from harness.outputs.wandb_logger import make_logger
@@ -323,7 +323,6 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
     if device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
     module, tcfg = plan.module, plan.tcfg
-    saved = resume if resume is not None else checkpoint.find_resume(cfg, out_dir)
     eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)  # test: reported at the end
     # validation at the training length, every eval_every steps: what early stopping watches
     # and what a sweep chooses learning rates on (val_accuracy in the summary). The longer
@@ -335,17 +334,17 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
     opt = build_optimizer(model, tr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule(tr))
     loop = LoopState(running=torch.zeros((), device=device))
-    if saved is not None:
-        loop = _restore(saved, model, opt, sched)
+    if resume is not None:
+        loop = _restore(resume, model, opt, sched)
         started -= loop.elapsed_s
-        print(f"[harness] resuming from {saved['path']} at step {loop.step}")
+        print(f"[harness] resuming from {resume['path']} at step {loop.step}")
     logger = make_logger(cfg.logger, dict(plan.flat), out_dir, name=f"{cfg.task.name}-{plan.mcfg.name}",
-                         run_id=saved.get("logger_id") if saved else None)
-    ckpt_step = loop.step if saved is not None else None
+                         run_id=resume.get("logger_id") if resume else None)
+    ckpt_step = loop.step if resume is not None else None
     r = Run(plan, out_dir, model, step_model, watch, opt, sched, autocast_factory(device, tr.precision), loop,
             eval_sets, periodic, logger, MetricsLog(out_dir / METRICS_FILE, resume_step=ckpt_step), None,
-            base_results(cfg, "train"), started, cpu_started,
-            ckpt_path=Path(saved["path"]) if saved is not None else None, ckpt_step=ckpt_step)
+            base_results(cfg, plan.flat, plan.digest), started, cpu_started,
+            ckpt_path=Path(resume["path"]) if resume is not None else None, ckpt_step=ckpt_step)
     r.terminate = checkpoint.TerminationRequest()  # a pre-empted job saves its step, then stops
     r.batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
     # a progress bar on a terminal; in a log file (a cluster job) one line per evaluation

@@ -18,16 +18,21 @@ in one line what cannot fit; `eval_chunk` streams evaluation in pieces that do.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
 from harness.config.build import model_config, task_config
-from harness.devices import check_fits, format_bytes, memory_limit, select_device
+from harness.devices import format_bytes, memory_limit, select_device
 from harness.errors import ResourceError
 from harness.layers import registry
 from harness.layers.parts import qk_width
 from harness.model import ModelConfig, uses_learned_positions
+from harness.train.evaluate import examples_per_pass
+
+if TYPE_CHECKING:
+    from harness.config.plan import RunPlan
 
 FLOAT = 4                 # bytes: parameters, activations and logits are float32 (bf16 autocast: less)
 TOKEN_DATA = 4 * 8 * 2    # bytes a token of a generated batch holds: 4 long tensors, as much again while made
@@ -121,13 +126,6 @@ def state_bytes(f: ModelFacts) -> float:
     return 4 * FLOAT * f.params
 
 
-def examples_per_pass(seq_len: int, tokens: int, examples: int | None = None) -> int:
-    """Examples of length `seq_len` in one evaluation pass of `tokens` tokens (at least one;
-    at most the set's `examples`): how harness.train.evaluate.evaluate streams a set."""
-    per = max(1, tokens // max(1, seq_len))
-    return per if examples is None else min(per, examples)
-
-
 def eval_bytes(f: ModelFacts, lengths: list[int], tokens: int, examples: int) -> float:
     """Peak bytes of evaluating at every length in `lengths` (the held-out sets: `examples` each,
     their tokens held for the whole run), streamed `tokens` tokens per forward pass, beside a
@@ -204,26 +202,36 @@ def check_training(cfg: DictConfig) -> int:
     return fit_training(run_shape(cfg), cfg.trainer, select_device(cfg.trainer.device))
 
 
+def fitted(plan: RunPlan) -> RunPlan:
+    """The training plan with the tokens per evaluation pass that fit on its device (ResourceError,
+    one line, if its step or evaluation cannot fit)."""
+    tr = plan.cfg.trainer
+    tokens = fit_training(shape_of(plan.mcfg, plan.module, plan.tcfg, tr), tr, plan.device)
+    return replace(plan, eval_tokens=tokens)
+
+
 def fit_training(shape: RunShape, tr, device) -> int:
-    """check_training of a run of this shape with trainer `tr` on `device`."""
+    """check_training of a run of this shape with trainer `tr` on `device`: every estimate made,
+    then held against what the device holds (read once)."""
     f = shape.facts
-    check_fits(f"training: batch {tr.batch_size} x length {shape.train_len} x width {f.d_model} "
-               f"({f.n_layers} layers, {f.params:,} parameters, vocabulary {f.vocab})",
-               train_bytes(f, shape.batch, shape.train_len, shape.data_chunk), device)
     limit, where = memory_limit(device)
+    step = train_bytes(f, shape.batch, shape.train_len, shape.data_chunk)
     tokens = eval_tokens(shape, tr.eval_tokens, limit)
+    examples = min(tr.measure_examples, tr.eval_examples)
+    measured = measure_bytes(f, shape.eval_lens, examples) if tr.measure else 0.0
+    if step > limit:
+        raise ResourceError(f"training: batch {tr.batch_size} x length {shape.train_len} x width {f.d_model} "
+                            f"({f.n_layers} layers, {f.params:,} parameters, vocabulary {f.vocab}) needs about "
+                            f"{format_bytes(step)}; {where} has {format_bytes(limit)}")
     if tokens == 0:
         need = eval_bytes(f, shape.eval_lens, 1, shape.eval_examples)
         raise ResourceError(f"evaluation: {tr.eval_examples} examples at length {max(shape.eval_lens)} "
                             f"needs about {format_bytes(need)} even one example at a time; "
                             f"{where} has {format_bytes(limit)}")
-    if tr.measure:
-        examples = min(tr.measure_examples, tr.eval_examples)
-        need = measure_bytes(f, shape.eval_lens, examples)
-        if need > limit:
-            raise ResourceError(f"measurement: {examples} examples at length {max(shape.eval_lens)} needs about "
-                                f"{format_bytes(need)} (lower trainer.measure_examples, or set "
-                                f"trainer.measure=false); {where} has {format_bytes(limit)}")
+    if measured > limit:
+        raise ResourceError(f"measurement: {examples} examples at length {max(shape.eval_lens)} needs about "
+                            f"{format_bytes(measured)} (lower trainer.measure_examples, or set "
+                            f"trainer.measure=false); {where} has {format_bytes(limit)}")
     return tokens
 
 
@@ -236,5 +244,5 @@ def total_bytes(cfg: DictConfig) -> float:
 
 
 __all__ = ["ModelFacts", "RunShape", "activation_bytes", "check_training", "eval_bytes", "eval_tokens",
-           "examples_per_pass", "fit_training", "model_facts", "param_count", "run_shape", "shape_of",
+           "fit_training", "fitted", "model_facts", "param_count", "run_shape", "shape_of",
            "total_bytes", "train_bytes"]

@@ -1,0 +1,68 @@
+"""A config's identity: its flat form and the hash of what it computes.
+
+The flat form ({'model.d_model': 64, ...}) is what results.json, a checkpoint and the logger
+record; the hash covers the keys that change what a run computes, so a checkpoint, a finished
+run and a sweep's skip check know which config they belong to. A run's plan holds both
+(harness.config.plan); reading a run written earlier compares against them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+# Keys that say where or how loudly a run happens, not what it computes: they do not enter
+# the config hash, so a rerun of a sweep with another output folder still finds its results.
+_HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
+                 "trainer.resume", "logger.", "sweep.")
+# Keys added after results were first written: at their default (None) they stay out of the
+# hash, so existing results keep their hash and a rerun of their sweep still finds them.
+_HASH_IF_SET = ("model.decay", "model.window")
+
+
+def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
+    """{'model.d_model': 64, ...}: flat, so wandb sweep parameters cannot clobber a subtree."""
+    tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk({k: v for k, v in tree.items() if k != "hydra"}, "")
+    return out
+
+
+def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
+    """The flat config entries that say what a run computes (those the hash covers)."""
+    return {k: v for k, v in flat.items()
+            if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)
+            and not (k in _HASH_IF_SET and v is None)}
+
+
+def flat_hash(flat: dict[str, Any]) -> str:
+    """The hash of a flat config (its hashed_items)."""
+    blob = json.dumps(hashed_items(flat), sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def config_hash(cfg: DictConfig | dict) -> str:
+    return flat_hash(flat_config(cfg))
+
+
+def config_differences(saved: dict[str, Any], now: dict[str, Any], limit: int = 3) -> str:
+    """The keys whose values differ between two flat configs, as `key: saved -> now, ...`."""
+    keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    listed = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in keys[:limit])
+    return listed + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def identify(cfg: DictConfig | dict) -> tuple[dict[str, Any], str]:
+    """cfg's flat form and hash (what a run's plan holds: harness.config.plan)."""
+    flat = flat_config(cfg)
+    return flat, flat_hash(flat)
