@@ -227,6 +227,16 @@ def validate_hybrid(cfg: ModelConfig) -> None:
             raise ValueError(f"{where} ({slot.name}): {exc}") from None
 
 
+def check_mixers(cfg: ModelConfig, lengths=None) -> None:
+    """The pre-flight (registry.check_mixer) of every distinct slot of cfg, at each length."""
+    seen = set()
+    for slot in layer_configs(cfg):
+        key = (slot.name, repr(dict(slot.options or {})))
+        if key not in seen:
+            seen.add(key)
+            registry.check_mixer(slot, lengths)
+
+
 def mixer_output(out) -> torch.Tensor:
     """A mixer's forward result as a tensor: layers written for other libraries return a tuple
     whose first element is the output (fla's (o, attn, cache))."""
@@ -244,10 +254,12 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg.norm, cfg.d_model) if cfg.mlp else None
         self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout) if cfg.mlp else None
         self.dropout = nn.Dropout(cfg.dropout)
-        self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint()
+        # hook_mixer_out: the mixer's output (B, T, C) before the residual add, for any mixer
+        # (an outside one too): ablating a whole layer edits it
+        self.hook_mixer_out, self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
-        x = self.hook_resid_mid(x + self.dropout(mixer_output(self.mixer(self.norm1(x)))))
+        x = self.hook_resid_mid(x + self.dropout(self.hook_mixer_out(mixer_output(self.mixer(self.norm1(x))))))
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))
         return self.hook_resid_post(x)

@@ -442,10 +442,13 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
         for h in range(stats["entropy"].shape[0]):
             for value in values:
                 agg = _aggregate(stats, h, layer_rows == value, d_key, with_snr)
-                heads.append({"layer": layer, "head": h, "slice": slice_name, "value": value, "seq_len": T, **agg})
+                # the Jacobian estimate merges a layer's heads into one row: no head to name
+                head = None if estimated[layer] else h
+                heads.append({"layer": layer, "head": head, "slice": slice_name, "value": value, "seq_len": T,
+                              **({"heads_merged": True} if estimated[layer] else {}), **agg})
             pooled = _aggregate(stats, h, torch.ones_like(layer_rows, dtype=torch.bool), d_key, with_snr)
             if best is None or pooled["target_weight"] > best["target_weight"]:
-                best = {**pooled, "retrieval_layer": layer, "retrieval_head": h}
+                best = {**pooled, "retrieval_layer": layer, "retrieval_head": None if estimated[layer] else h}
     keys = ("target_weight", "entropy", "norm_entropy", "snr_measured", "snr_predicted")
     summary = {"measure_examples": int(B)}
     if any(estimated):
