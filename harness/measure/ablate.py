@@ -187,3 +187,27 @@ def ablate(model, batch, reference=None, *, kinds=KINDS, patch: bool = True) -> 
     finally:
         model.train(was_training)
     return {"accuracy": base, "rows": rows, "skipped": skipped}
+
+
+def task_batches(task_cfg, examples: int, seed: int):
+    """(batch, reference) of a run's task config (a DictConfig: its `task` group) at its first
+    test setting (the training length), drawn from two seeds apart from training's; and that
+    setting's Config."""
+    from harness.config.build import task_config
+
+    module, tcfg = task_config(task_cfg)
+    setting = module.eval_settings(tcfg)[0]
+    batch = module.make_batch(setting, examples, seed=seed)
+    reference = module.make_batch(setting, examples, seed=seed + 1)
+    return batch, reference, setting
+
+
+def ablate_run(model, config, *, examples: int = 256, seed: int = 1_000_003, kinds=KINDS,
+               patch: bool = True) -> dict[str, Any]:
+    """`ablate` on a finished run's model (harness.load_run(...).model) and config, at its task's
+    first test setting: what mode=ablate computes, with the same defaults."""
+    batch, reference, setting = task_batches(config.task, examples, seed)
+    out = ablate(model, batch, reference, kinds=kinds, patch=patch)
+    out["seq_len"] = int(_field(batch, "inputs").shape[1])
+    out["examples"] = examples
+    return out

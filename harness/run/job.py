@@ -84,6 +84,10 @@ def dispatch(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None)
         from harness.run.cost_mode import cost_run
 
         return cost_run(plan, out_dir)
+    if mode == "ablate":
+        from harness.run.ablate_mode import ablate_mode
+
+        return ablate_mode(plan, out_dir)
     raise ValueError(f"unknown mode '{mode}'")
 
 
