@@ -264,17 +264,16 @@ def length_limit(cls: type, kwargs: dict) -> Optional[tuple[str, int, bool]]:
     return None
 
 
-def check_length(config, cls: type, kwargs: dict, lengths: list[tuple[int, str]]) -> None:
-    """Refuse a run longer than a length-bounding option, naming the option and the length."""
+def length_cause(cls: type, kwargs: dict, T: int) -> str:
+    """Where a forward pass fails at length T and a length-bounding option is below T: that
+    option, its value and the length, first in the message (before the mixer's own exception,
+    which may blame something else: Zoology's Hyena raises AttributeError 'max_l'); "" otherwise."""
     limit = length_limit(cls, kwargs)
-    if limit is None:
-        return
+    if limit is None or limit[1] >= T:
+        return ""
     name, value, given = limit
-    T, what = max(lengths)
-    if value < T:
-        source = "set" if given else "its default"
-        raise ValueError(f"model.name={config.name}: model.options.{name}={value} ({source}) < T = {T} "
-                         f"({what}); set model.options.{name}={T} or more")
+    return (f": model.options.{name}={value} ({'set' if given else 'its default'}) < T = {T}; "
+            f"set model.options.{name}={T} or more")
 
 
 def preflight(config, lengths: list[tuple[int, str]], cls: type, kwargs: dict, mixer: nn.Module) -> nn.Module:
@@ -282,7 +281,6 @@ def preflight(config, lengths: list[tuple[int, str]], cls: type, kwargs: dict, m
     constructor `kwargs`) forward and backward at batch 1 at each length; a failure is a
     ValueError (one line) naming the length and the options likely to set. Then check every
     protocol member once (warnings, never errors) and the unused options. Returns the mixer."""
-    check_length(config, cls, kwargs, lengths)
     hints = option_hints(cls, kwargs)
     for T, what in lengths:
         x = torch.randn(1, T, config.d_model, requires_grad=True)
@@ -303,8 +301,8 @@ def preflight(config, lengths: list[tuple[int, str]], cls: type, kwargs: dict, m
             raise ValueError(f"model.name={config.name}: {step} fails at T = {T} ({what}) "
                              f"({describe(exc)}){hints}") from None
         except Exception as exc:
-            raise ValueError(f"model.name={config.name}: {step} fails at T = {T} ({what}) "
-                             f"({describe(exc)}){hints}") from None
+            raise ValueError(f"model.name={config.name}: {step} fails at T = {T} ({what})"
+                             f"{length_cause(cls, kwargs, T)} ({describe(exc)}){hints}") from None
         mixer.zero_grad(set_to_none=True)
     check_members(mixer, max(t for t, _ in lengths))
     warn_unused_options(config, cls, mixer)
