@@ -99,7 +99,7 @@ def test_a_hybrid_trains_resumes_reloads_and_reports_both_parts(run_harness, tmp
     assert [r["mixer"] for r in res["layers"]] == ["gated_deltanet", "tests.test_hybrid.Plain"]
     assert res["layers"][1]["kwargs"] == {"d_model": 16}
     assert {"short_conv", "n_heads"} <= set(res["layers"][1]["not_applied"]) and res["layers"][0]["not_applied"] == []
-    assert [r["kind"] for r in res["memory"]["layers"]] == ["state", "kv_cache"]
+    assert [(r["kind"], r["seq_len"]) for r in res["memory"]] == [("state", 64), ("kv_cache", 64)]
     assert {"recurrent_state_bytes", "attention_kv_cache_bytes"} <= set(res["summary"])
     run = harness.load_run(tmp_path / "run", trust_code=True)
     assert [type(m).__name__ for m in run.model.mixers()] == ["GatedDeltaNet", "Plain"]

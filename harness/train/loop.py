@@ -287,6 +287,7 @@ class Run:
     clock: Optional[StepClock] = None
     eval_lines: bool = False         # one line per evaluation (a non-terminal log) instead of the bar
     setup_s: float = 0.0             # this process's seconds before its first step
+    memory_lines: Optional[list] = None  # the printed account of the model's memory (memory_lines)
 
     @property
     def checkpoint_record(self) -> dict[str, Any] | None:
@@ -326,7 +327,7 @@ def train(run: RunPlan | DictConfig, out_dir: Path, on_step: Callable[[int], Non
         r.terminate.restore()
         r.metrics.close()
         r.logger.finish(failed=failed)
-    _report(r.plan.cfg, r.results["summary"], last_eval, out_dir, r.results["memory"], label(r.plan.mcfg))
+    _report(r.plan.cfg, r.results["summary"], last_eval, out_dir, r.memory_lines, label(r.plan.mcfg))
     return r.results
 
 
@@ -491,7 +492,10 @@ def finish(r: Run, reason: str) -> dict[str, Any]:
         summary[f"val_accuracy/{p['name']}"] = p["accuracy"]
     results = r.results
     results["layers"] = model.construction()  # each layer's mixer, its constructor arguments, what did not apply
-    results["memory"] = model.memory(r.plan.max_len)
+    memory = model.memory(r.plan.max_len)
+    r.memory_lines = memory_lines(memory)
+    # one row per layer (a table for the loader); the totals of each kind are in the summary
+    results["memory"] = [{**row, "seq_len": memory["sequence_length"]} for row in memory["layers"]]
     results["slices"] = with_val_accuracy(last_eval["slices"], val_eval["slices"])
     results["settings"] = last_eval["settings"]
     summary["eval_peak_mem_bytes"] = max(p["peak_mem_bytes"] for p in last_eval["settings"])
@@ -540,13 +544,13 @@ def _save(r: Run, summary: dict[str, Any]) -> None:
     r.logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
 
 
-def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path, memory: dict[str, Any],
+def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path, memory: list[str],
             name: str) -> None:
     per = ", ".join(f"{p['name']}: {p['accuracy']:.3f}" for p in last_eval["settings"])
     print(f"[harness] {cfg.task.name}/{name}: accuracy {summary['accuracy']:.3f} "
           f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
     if "state_bytes" in summary:
-        print(f"[harness] memory at T = {memory['sequence_length']:,}: {'; '.join(memory_lines(memory))}; "
+        print(f"[harness] memory at the longest length: {'; '.join(memory)}; "
               f"{format_bytes(summary['state_bytes'])} in all (a softmax KV cache at this length: "
               f"{format_bytes(summary['kv_cache_bytes'])})")
     if summary.get("target_weight") is not None and "snr_measured" in summary:
