@@ -493,7 +493,7 @@ def finish(r: Run, reason: str) -> dict[str, Any]:
     results = r.results
     results["layers"] = model.construction()  # each layer's mixer, its constructor arguments, what did not apply
     memory = model.memory(r.plan.max_len)
-    r.memory_lines = memory_lines(memory)
+    r.memory_lines = [f"T = {memory['sequence_length']:,}", *memory_lines(memory)]
     # one row per layer (a table for the loader); the totals of each kind are in the summary
     results["memory"] = [{**row, "seq_len": memory["sequence_length"]} for row in memory["layers"]]
     results["slices"] = with_val_accuracy(last_eval["slices"], val_eval["slices"])
@@ -550,7 +550,7 @@ def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Pa
     print(f"[harness] {cfg.task.name}/{name}: accuracy {summary['accuracy']:.3f} "
           f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
     if "state_bytes" in summary:
-        print(f"[harness] memory at the longest length: {'; '.join(memory)}; "
+        print(f"[harness] memory at {memory[0]}: {'; '.join(memory[1:])}; "
               f"{format_bytes(summary['state_bytes'])} in all (a softmax KV cache at this length: "
               f"{format_bytes(summary['kv_cache_bytes'])})")
     if summary.get("target_weight") is not None and "snr_measured" in summary:
