@@ -148,7 +148,9 @@ def check_members(mixer: nn.Module, sequence_length: int) -> None:
 
 
 def ignored(mixer: nn.Module) -> dict[str, str]:
-    """The attributes check_members ignored as the mixer's own, with why ({} when none)."""
+    """The attributes check_members ignored as the mixer's own, with why ({} when none); its
+    members are checked first if they have not been (as `skipped`)."""
+    skipped(mixer)
     return dict(mixer.__dict__.get("_protocol_ignored", {}))
 
 

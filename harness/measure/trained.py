@@ -51,6 +51,7 @@ from typing import Optional
 import torch
 
 from harness.hooks import capture
+from harness.layers.preflight import ignored as protocol_ignored
 from harness.layers.preflight import skipped as protocol_skipped
 from harness.measure.jacobian import JACOBIAN_EXAMPLES, LABEL as JACOBIAN_LABEL, jacobian_weights
 from harness.layers.protocol import lacks, mixer_hooks
@@ -347,7 +348,8 @@ def _skip_reasons(mixer, hooks: dict) -> dict[str, str]:
     snr = sharp or (None if "v" in hooks else "skipped: no hook_v")
     theory = lacks(mixer, "d_key")
     return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok",
-            **protocol_skipped(mixer)}  # members the pre-flight found failing (state_size, ...)
+            **protocol_skipped(mixer),  # members the pre-flight found failing (state_size, ...)
+            **protocol_ignored(mixer)}  # attributes that are the mixer's own (H3's kernel), not members
 
 
 MEASURE_TOKENS = 1 << 14  # tokens per forward pass of the measurement (examples per pass = this // T)
