@@ -22,3 +22,12 @@ def load_run(run_dir, *, device="cpu", trust_code=False):
     from harness.outputs.load import load_run as load
 
     return load(run_dir, device=device, trust_code=trust_code)
+
+
+def ablate(model, batch, reference=None, **options):
+    """Recall of `model` on a task batch with each layer and head removed (zero and mean
+    ablation) and each head patched from clean into key-swapped examples:
+    harness.measure.ablate.ablate (harness.measure.ablate.ablate_run for a loaded run)."""
+    from harness.measure.ablate import ablate as run_ablation
+
+    return run_ablation(model, batch, reference, **options)

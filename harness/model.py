@@ -19,7 +19,8 @@ from harness import checks
 from harness.hooks import HookPoint
 from harness.layers import MLP, make_norm, registry
 from harness.layers.parts import NORMS, qk_width
-from harness.layers.protocol import state_size
+from harness.layers.preflight import member
+from harness.layers.protocol import layer_memory, state_size
 
 FORMS = ("chunk", "parallel", "recurrent")
 GATES = ("scalar", "per_dim")
@@ -37,11 +38,15 @@ def open_mapping():
 
 
 def uses_learned_positions(cfg: "ModelConfig") -> bool:
-    """model.pos_emb, or the mixer's own default when null: learned absolute positions for a
-    mixer with no other position signal (softmax, as in GPT-2 and Zoology's attention baseline)."""
+    """model.pos_emb, or the mixers' own default when null: learned absolute positions for a
+    mixer with no other position signal (softmax, as in GPT-2 and Zoology's attention baseline).
+    A hybrid gets them only when every slot wants them: its recurrent layers carry position (as
+    in Jamba, whose attention layers have no positional encoding), and learned positions would
+    bar it from the lengths past training that its long-context evaluation needs."""
     if cfg.pos_emb is not None:
         return cfg.pos_emb == "learned"
-    return bool(getattr(registry.resolve(cfg.name), "wants_learned_positions", False))
+    return all(getattr(registry.resolve(slot.name), "wants_learned_positions", False)
+               for slot in layer_configs(cfg))
 
 
 @dataclass
@@ -74,12 +79,94 @@ class ModelConfig:
     decay: Optional[float] = None  # retnet: one gamma in (0, 1) for all heads; None: 1 - 2^(-5-h)
     window: Optional[int] = None  # swa: keys each query sees (its KV cache); None: the mixer's default
     # Keyword arguments of an outside mixer's constructor, any keys (model.options.window=8 from
-    # the command line needs no '+': the node is created open, not struct, in the schema).
+    # the command line needs no '+': the node is created open, not struct, in the schema). In a
+    # hybrid they go to the outside slots (built-in mixers take none).
     options: Any = field(default_factory=open_mapping)
+    # Hybrids (harness.model.layer_configs). `layers`: one mixer per layer, each a name (built-in
+    # or dotted path) or a mapping {name: swa, window: 16} whose other keys override model.* for
+    # that slot; its length is the depth. `attn_every`: the short form, model.name in every layer
+    # but each k-th (layers k-1, 2k-1, ...: 3 Gated DeltaNet layers to 1 attention layer at k=4),
+    # which is `attn` (a name or such a mapping).
+    layers: Optional[list[Any]] = None
+    attn_every: Optional[int] = None
+    attn: Any = "softmax"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, (list, tuple)) and self.layers:
+            self.n_layers = len(self.layers)  # the list is the stack: its length is the depth
+
+
+# Keys of the whole model, not of a slot: a hybrid's slot mapping cannot set them.
+WHOLE_MODEL_KEYS = ("d_model", "n_layers", "layers", "attn_every", "attn", "pos_emb", "tie_embeddings", "form")
+
+
+def is_hybrid(cfg: ModelConfig) -> bool:
+    return cfg.layers is not None or cfg.attn_every is not None
+
+
+def _slot_spec(spec: Any, where: str) -> dict:
+    """A slot as {"name": ..., overrides...}: a name, or a mapping with a name."""
+    if isinstance(spec, str):
+        return {"name": spec}
+    if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
+        return dict(spec)
+    checks.fail(where, "a mixer name or a mapping {name: <mixer>, <model key>: <value>, ...}", spec)
+
+
+def slot_specs(cfg: ModelConfig) -> list[dict]:
+    """One {"name": ..., overrides} per layer of a hybrid (model.layers, or model.attn_every)."""
+    if cfg.layers is not None:
+        if not isinstance(cfg.layers, (list, tuple)) or not cfg.layers:
+            checks.fail("model.layers", "a non-empty list of mixers, one per layer", cfg.layers)
+        return [_slot_spec(spec, f"model.layers[{i}]") for i, spec in enumerate(cfg.layers)]
+    k = cfg.attn_every
+    checks.integer("model.attn_every", k)
+    attn = _slot_spec(cfg.attn, "model.attn")
+    return [attn if (i + 1) % k == 0 else {"name": cfg.name} for i in range(cfg.n_layers)]
+
+
+def layer_configs(cfg: ModelConfig) -> list[ModelConfig]:
+    """The ModelConfig each layer's block is built from: `cfg` itself in every layer of a plain
+    model; in a hybrid, cfg with the slot's mixer and overrides (model.options only in outside
+    slots). One place derives a slot's settings: the build, validation and accounting read it."""
+    if not is_hybrid(cfg):
+        return [cfg] * cfg.n_layers
+    out = []
+    for i, spec in enumerate(slot_specs(cfg)):
+        over = dict(spec)
+        name = over.pop("name")
+        where = f"model.layers[{i}]" if cfg.layers is not None else "model.attn"
+        for key in over:
+            if key in WHOLE_MODEL_KEYS or key not in ModelConfig.__dataclass_fields__:
+                raise ValueError(f"{where}.{key}: not a setting of one layer (a slot may set any model.* key "
+                                 f"but {', '.join(WHOLE_MODEL_KEYS)})")
+        options = over.pop("options", cfg.options if registry.is_dotted(name) else {})
+        slot = replace(cfg, name=name, layers=None, attn_every=None, attn="softmax", **over)
+        slot.options = options if options is not None else {}
+        out.append(slot)
+    return out
+
+
+def label(cfg: ModelConfig) -> str:
+    """The model's name as runs and results show it: model.name, or a hybrid's slots in order
+    with repeats counted (gated_deltanet*3+softmax)."""
+    if not is_hybrid(cfg):
+        return cfg.name
+    names = [slot.name for slot in layer_configs(cfg)]
+    runs: list[list] = []
+    for name in names:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return "+".join(name if n == 1 else f"{name}*{n}" for name, n in runs)
 
 
 def validate(cfg: ModelConfig) -> None:
-    """Raise ValueError with one line naming the `model.<field>` at fault if cfg cannot build a model."""
+    """Raise ValueError with one line naming the `model.<field>` at fault if cfg cannot build a
+    model; a hybrid's slots each as a model of their own, the message naming the slot."""
+    if is_hybrid(cfg):
+        return validate_hybrid(cfg)
     registry.resolve(cfg.name)  # a known name or an importable class, else one line
     if not isinstance(cfg.options, Mapping):
         checks.fail("model.options", "a mapping of keyword arguments (model.options.<name>=<value>)", cfg.options)
@@ -122,6 +209,34 @@ def validate(cfg: ModelConfig) -> None:
                    f"model.d_model/model.n_heads), got {d_qk}")
 
 
+def validate_hybrid(cfg: ModelConfig) -> None:
+    if cfg.layers is not None and cfg.attn_every is not None:
+        raise ValueError("model.layers and model.attn_every: set one (the list, or its short form)")
+    checks.integer("model.attn_every", cfg.attn_every, nullable=True)
+    checks.integer("model.n_layers", cfg.n_layers)
+    if cfg.attn_every is not None and cfg.attn_every > cfg.n_layers:
+        checks.fail("model.attn_every", f"at most model.n_layers={cfg.n_layers} (else no layer is attention)",
+                    cfg.attn_every)
+    if cfg.layers is not None and cfg.n_layers != len(cfg.layers):
+        checks.fail("model.n_layers", f"{len(cfg.layers)}, the length of model.layers (or unset)", cfg.n_layers)
+    for i, slot in enumerate(layer_configs(cfg)):
+        where = f"model.layers[{i}]" if cfg.layers is not None else f"layer {i}"
+        try:
+            validate(slot)
+        except ValueError as exc:
+            raise ValueError(f"{where} ({slot.name}): {exc}") from None
+
+
+def check_mixers(cfg: ModelConfig, lengths=None) -> None:
+    """The pre-flight (registry.check_mixer) of every distinct slot of cfg, at each length."""
+    seen = set()
+    for slot in layer_configs(cfg):
+        key = (slot.name, repr(dict(slot.options or {})))
+        if key not in seen:
+            seen.add(key)
+            registry.check_mixer(slot, lengths)
+
+
 def mixer_output(out) -> torch.Tensor:
     """A mixer's forward result as a tensor: layers written for other libraries return a tuple
     whose first element is the output (fla's (o, attn, cache))."""
@@ -139,10 +254,12 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg.norm, cfg.d_model) if cfg.mlp else None
         self.mlp = MLP(cfg.d_model, cfg.mlp_ratio, cfg.dropout) if cfg.mlp else None
         self.dropout = nn.Dropout(cfg.dropout)
-        self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint()
+        # hook_mixer_out: the mixer's output (B, T, C) before the residual add, for any mixer
+        # (an outside one too): ablating a whole layer edits it
+        self.hook_mixer_out, self.hook_resid_mid, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
-        x = self.hook_resid_mid(x + self.dropout(mixer_output(self.mixer(self.norm1(x)))))
+        x = self.hook_resid_mid(x + self.dropout(self.hook_mixer_out(mixer_output(self.mixer(self.norm1(x))))))
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))
         return self.hook_resid_post(x)
@@ -161,7 +278,7 @@ class LanguageModel(nn.Module):
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(max_seq_len, cfg.d_model) if uses_learned_positions(cfg) else None
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
+        self.layers = nn.ModuleList([Block(slot, i) for i, slot in enumerate(layer_configs(cfg))])
         self.norm_f = make_norm(cfg.norm, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -227,13 +344,16 @@ class LanguageModel(nn.Module):
 
     @property
     def d_key(self) -> Optional[int]:
-        """Key dimension of one head's state: d_qk (d_head unless model.qk_dim), m for favor,
-        1 + d_qk + d_qk^2 for taylor; None for a mixer that declares none."""
-        return getattr(self.layers[0].mixer, "d_key", None)
+        """Key dimension of one head's state in layer 0: d_qk (d_head unless model.qk_dim), m for
+        favor, 1 + d_qk + d_qk^2 for taylor; None for a mixer that declares none. A hybrid's
+        layers each have their own (layer_memory)."""
+        return member(self.layers[0].mixer, "d_key")
 
     @property
     def d_head(self) -> int:
-        return self.cfg.d_model // self.cfg.n_heads
+        """Width of one head's value read-out in layer 0, by the mixer's own count (layer_memory)."""
+        found = layer_memory(self.layers[0].mixer, self.cfg.d_model, self.max_seq_len)["d_head"]
+        return found or self.cfg.d_model // self.cfg.n_heads
 
     def state_size(self, sequence_length: Optional[int] = None) -> Optional[int]:
         """Elements every layer keeps to decode the next token, at `sequence_length` (default
@@ -242,6 +362,26 @@ class LanguageModel(nn.Module):
         n = self.max_seq_len if sequence_length is None else sequence_length
         sizes = [state_size(mixer, n) for mixer in self.mixers()]
         return None if None in sizes else sum(sizes)
+
+    def memory(self, sequence_length: Optional[int] = None) -> dict[str, Any]:
+        """Decoding memory at `sequence_length` (default max_seq_len), by its two parts: the
+        fixed recurrent state and the attention layers' KV cache (which grows with length), in
+        elements per layer and head (each layer by its own head count) and in total. "layers":
+        one lay_memory row per layer; "state_elements" / "kv_cache_elements": the totals of
+        each kind (None when a layer of that kind declares no state_size)."""
+        n = self.max_seq_len if sequence_length is None else sequence_length
+        rows = [{"layer": i, **layer_memory(mixer, self.cfg.d_model, n)} for i, mixer in enumerate(self.mixers())]
+        out: dict[str, Any] = {"sequence_length": n, "layers": rows}
+        for kind in ("state", "kv_cache"):
+            mine = [r["elements"] for r in rows if r["kind"] == kind]
+            out[f"{kind}_elements"] = None if None in mine else sum(mine)
+        out["unknown_layers"] = [r["layer"] for r in rows if r["kind"] is None]
+        return out
+
+    def construction(self) -> list[dict[str, Any]]:
+        """How each layer's mixer was built (registry.construction): its name, the constructor
+        arguments the harness passed and the model.* keys that did not apply."""
+        return [{"layer": i, **registry.built_with(mixer)} for i, mixer in enumerate(self.mixers())]
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (a tied head counted once); optionally without the embedding."""

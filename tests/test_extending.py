@@ -144,7 +144,7 @@ def test_the_documented_example_runs_through_the_cli(tmp_path):
     assert {r["slice"] for r in res["slices"]} == {"num_pairs"} and res["heads"]
     # the lines the document shows are the lines a run prints
     assert re.search(r"\[harness\] recall/examples\.dpfp\.DPFPAttention: accuracy \d\.\d{3}", proc.stdout)
-    assert "[harness] state 16,640 elements/head" in proc.stdout
+    assert re.search(r"\[harness\] memory at T = \d+: recurrent state [\d,]+ elements \(layer 0: 16,640/head", proc.stdout)
 
 
 def test_a_mixer_with_only_a_forward_pass_trains_is_measured_by_its_jacobian_and_says_what_it_skipped(user_dir):

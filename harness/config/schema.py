@@ -82,6 +82,16 @@ class CostConfig:
 
 
 @dataclass
+class AblateConfig:
+    run: Optional[str] = None          # mode=ablate: the trained run's directory
+    examples: int = 256                # examples of the run's first test setting (and as many for mean ablation)
+    kinds: list[str] = field(default_factory=lambda: ["zero", "mean"])
+    patch: bool = True                 # activation patching of each head (clean into key-swapped examples)
+    seed: int = 1_000_003              # the batches' seed, apart from training's and evaluation's
+    trust_code: bool = False           # allow a run whose config names outside code (harness.load_run)
+
+
+@dataclass
 class SweepConfig:
     skip_completed: bool = True        # a rerun skips runs whose results.json matches the config
     fail_on_error: bool = False        # in a sweep, record a failure and go on (summary at the end)
@@ -89,7 +99,7 @@ class SweepConfig:
 
 @dataclass
 class Config:
-    mode: str = "train"                # train | probe | cost
+    mode: str = "train"                # train | probe | cost | ablate
     seed: int = 0
     task: Any = MISSING
     model: ModelConfig = MISSING
@@ -97,6 +107,7 @@ class Config:
     logger: LoggerConfig = MISSING
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    ablate: AblateConfig = field(default_factory=AblateConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     out_dir: Optional[str] = None      # None = the Hydra run directory
     # numbers an experiment fixes for its figures before its runs (a tolerance a law is held to);
@@ -104,7 +115,7 @@ class Config:
     analysis: dict[str, float] = field(default_factory=dict)
 
 
-MODES = ("train", "probe", "cost")
+MODES = ("train", "probe", "cost", "ablate")
 
 
 def task_schema(name: str) -> type:

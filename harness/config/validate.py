@@ -18,9 +18,10 @@ from harness.config.schema import (MODES, Config, CostConfig, LoggerConfig, Prob
                             TrainerConfig, task_schema)
 from harness.config.build import model_config, task_config
 from harness.layers.preflight import run_lengths
-from harness.layers.registry import check_mixer, resolve
+from harness.layers.registry import resolve
 from harness.ops.cores import CORE_FORMS
 from harness.model import ModelConfig
+from harness.model import check_mixers, is_hybrid
 from harness.model import validate as validate_model
 
 PRECISIONS = ("fp32", "bf16")
@@ -194,11 +195,14 @@ def _validate(c: dict, cfg: DictConfig) -> Checked:
 
     mcfg = model_config(cfg.model)
     validate_model(mcfg)
+    checks.require(c["mode"] not in ("cost", "probe") or not is_hybrid(mcfg),
+                   f"mode={c['mode']} measures one mixer; model.layers / model.attn_every describe a stack: "
+                   "give one slot's mixer as model.name")
     module, tcfg = task_config(cfg.task)
     module.validate(tcfg)
     for setting in module.eval_settings(tcfg):
         module.validate(setting)
-    check_mixer(mcfg, run_lengths(module, tcfg))  # the pre-flight at every length the run uses
+    check_mixers(mcfg, run_lengths(module, tcfg))  # the pre-flight at every length the run uses
     core = None
     if c["mode"] == "train":
         _check_positions_extrapolate(mcfg, module, tcfg)

@@ -25,7 +25,8 @@ from torch import nn
 
 # Protocol attributes and the types they must have (harness.layers.protocol); bool is not an int here.
 ATTRIBUTE_TYPES = {"family": str, "core": str, "kernel": str, "d_key": int, "d_head": int, "n_heads": int,
-                   "positive_denominator": bool, "heads_per_readout": int, "wants_learned_positions": bool}
+                   "positive_denominator": bool, "heads_per_readout": int, "wants_learned_positions": bool,
+                   "memory_kind": str}
 _WARNED: set[tuple[str, str]] = set()  # (class, member) warned about in this process: one line each
 
 
@@ -93,8 +94,10 @@ def call_state_size(mixer: nn.Module, sequence_length: int) -> Optional[int]:
     except Exception as exc:  # a member a mixer gets wrong is skipped, never the end of a run
         skip(mixer, "state_size", _message(exc))
         return None
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-        value = int(value.item())
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, float) and value.is_integer() and value >= 0:  # Based's 9945.0: a count all the same
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         skip(mixer, "state_size", f"TypeError: returned {value!r} ({type(value).__name__}), "
                                   "expected an int >= 0 (elements per layer)")
@@ -102,17 +105,53 @@ def call_state_size(mixer: nn.Module, sequence_length: int) -> Optional[int]:
     return value
 
 
+PREFIX = "harness_"  # `harness_kernel = "elu1"` declares a member whose plain name the mixer uses itself
+
+
+def _of_kind(value: Any, kind: type) -> bool:
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def is_own_attribute(value: Any) -> bool:
+    """A value no protocol attribute can be: a module, a tensor, a parameter or a function. An
+    attribute holding one (H3's `kernel`, its SSM kernel) is the mixer's own, not a declaration."""
+    return isinstance(value, (nn.Module, torch.Tensor)) or callable(value)
+
+
+def member(mixer: nn.Module, name: str) -> Any:
+    """A protocol attribute of `mixer` (ATTRIBUTE_TYPES): `harness_<name>` when declared, else
+    `<name>`; None when absent or of the wrong kind (so a colliding attribute is never read)."""
+    kind = ATTRIBUTE_TYPES[name]
+    for attr in (PREFIX + name, name):
+        value = getattr(mixer, attr, None)
+        if value is not None:
+            return value if _of_kind(value, kind) else None
+    return None
+
+
 def check_members(mixer: nn.Module, sequence_length: int) -> None:
     """Every protocol member once: attributes of the wrong type and members that fail are
-    skipped with their reason (and one warning each)."""
+    skipped with their reason (and one warning each). An attribute that is plainly the mixer's
+    own (is_own_attribute) is ignored without a warning: it is recorded under "ignored"."""
     for name, kind in ATTRIBUTE_TYPES.items():
-        value = getattr(mixer, name, None)
-        if value is None:
+        attr = PREFIX + name if getattr(mixer, PREFIX + name, None) is not None else name
+        value = getattr(mixer, attr, None)
+        if value is None or _of_kind(value, kind):
             continue
-        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-        if not ok:
-            skip(mixer, name, f"TypeError: {name} is {value!r} ({type(value).__name__}), expected {kind.__name__}")
+        if is_own_attribute(value):
+            mixer.__dict__.setdefault("_protocol_ignored", {})[name] = (
+                f"ignored: {attr} is the mixer's own {type(value).__name__}, not a protocol {kind.__name__} "
+                f"(declare {PREFIX}{name} to set the member)")
+            continue
+        skip(mixer, name, f"TypeError: {attr} is {value!r} ({type(value).__name__}), expected {kind.__name__}")
     call_state_size(mixer, sequence_length)
+
+
+def ignored(mixer: nn.Module) -> dict[str, str]:
+    """The attributes check_members ignored as the mixer's own, with why ({} when none); its
+    members are checked first if they have not been (as `skipped`)."""
+    skipped(mixer)
+    return dict(mixer.__dict__.get("_protocol_ignored", {}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,6 +242,42 @@ def run_lengths(task_module, task_cfg) -> list[tuple[int, str]]:
     return out
 
 
+# Constructor arguments that bound the sequence length a mixer accepts (Hyena's l_max, a table
+# of positions sized at construction).
+LENGTH_OPTIONS = ("l_max", "max_len", "max_seq_len", "max_length", "seq_len", "max_position_embeddings")
+
+
+def length_limit(cls: type, kwargs: dict) -> Optional[tuple[str, int, bool]]:
+    """(option, value, set by the user) of the first length-bounding constructor argument, from
+    the kwargs passed or its default; None when the constructor has none with an int value."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return None
+    for name in LENGTH_OPTIONS:
+        if name in kwargs:
+            value, given = kwargs[name], True
+        elif name in params and params[name].default is not inspect.Parameter.empty:
+            value, given = params[name].default, False
+        else:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            return name, value, given
+    return None
+
+
+def length_cause(cls: type, kwargs: dict, T: int) -> str:
+    """Where a forward pass fails at length T and a length-bounding option is below T: that
+    option, its value and the length, first in the message (before the mixer's own exception,
+    which may blame something else: Zoology's Hyena raises AttributeError 'max_l'); "" otherwise."""
+    limit = length_limit(cls, kwargs)
+    if limit is None or limit[1] >= T:
+        return ""
+    name, value, given = limit
+    return (f": model.options.{name}={value} ({'set' if given else 'its default'}) < T = {T}; "
+            f"set model.options.{name}={T} or more")
+
+
 def preflight(config, lengths: list[tuple[int, str]], cls: type, kwargs: dict, mixer: nn.Module) -> nn.Module:
     """Run layer 0's mixer (built by harness.layers.registry.check_mixer from `cls` and the
     constructor `kwargs`) forward and backward at batch 1 at each length; a failure is a
@@ -228,12 +303,12 @@ def preflight(config, lengths: list[tuple[int, str]], cls: type, kwargs: dict, m
             raise ValueError(f"model.name={config.name}: {step} fails at T = {T} ({what}) "
                              f"({describe(exc)}){hints}") from None
         except Exception as exc:
-            raise ValueError(f"model.name={config.name}: {step} fails at T = {T} ({what}) "
-                             f"({describe(exc)}){hints}") from None
+            raise ValueError(f"model.name={config.name}: {step} fails at T = {T} ({what})"
+                             f"{length_cause(cls, kwargs, T)} ({describe(exc)}){hints}") from None
         mixer.zero_grad(set_to_none=True)
     check_members(mixer, max(t for t, _ in lengths))
     warn_unused_options(config, cls, mixer)
-    if getattr(config, "short_conv", False):  # like for like: said plainly, not silently assumed
+    if getattr(config, "short_conv", False) and "config" not in kwargs:  # like for like: said plainly, not silently assumed
         print(f"[harness] note: model.short_conv applies inside the built-in mixers only; model.name="
               f"{config.name} runs with whatever short convolution it has itself (model.pos_emb, the "
               "model's embedding, applies to it)", flush=True)

@@ -42,6 +42,14 @@ them through :class:`Mixer`; an outside mixer declares what it can.
                               ValueError (one line)      mixer requires of model.* (mamba:
                                                          model.mamba_heads divides d_head)
   form                        str, settable              model.form / LanguageModel.set_form
+  memory_kind                 str                        state accounting: "state" (fixed
+                                                         size) or "kv_cache" (grows with the
+                                                         length); default: read off state_size
+                                                         at T and 2T
+
+Any attribute above may be declared as `harness_<member>` (`harness_kernel = "elu1"`) where the
+mixer uses the plain name itself (H3's `kernel` is its SSM kernel); an attribute that is a
+module, tensor or function is the mixer's own and is ignored (recorded, never warned about).
 
 The harness constructs a mixer with the keyword arguments its constructor names among
 `d_model` (alias `hidden_size`), `n_heads` (alias `num_heads`), `layer_idx` and `config` (the
@@ -58,6 +66,7 @@ from torch import nn
 from harness.hooks import HookPoint
 from harness.layers.parts import Rotary, ShortConv, qk_width, rotary_enabled, split_heads
 
+MEMORY_KINDS = ("state", "kv_cache")
 HOOKS = ("hook_q_raw", "hook_k_raw", "hook_q", "hook_k", "hook_v", "hook_log_decay", "hook_dt",
          "hook_beta", "hook_out")
 
@@ -111,6 +120,54 @@ def state_size(mixer: nn.Module, sequence_length: int) -> Optional[int]:
     return call_state_size(mixer, sequence_length)
 
 
+def head_count(mixer: nn.Module) -> Optional[int]:
+    """The mixer's own head count: its n_heads member, else the head count the harness built it
+    with (an n_heads / num_heads constructor argument, model.options included), else a num_heads
+    attribute (Zoology's); None when it says none."""
+    from harness.layers.preflight import member
+    from harness.layers.registry import built_with
+
+    declared = member(mixer, "n_heads")
+    if declared:
+        return declared
+    passed = built_with(mixer).get("kwargs", {})
+    for value in (passed.get("n_heads"), passed.get("num_heads"), getattr(mixer, "num_heads", None)):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def memory_kind(mixer: nn.Module, sequence_length: int) -> Optional[str]:
+    """"state" (a fixed size whatever the length) or "kv_cache" (grows with the length, up to a
+    window): the mixer's memory_kind member, else read off state_size at T and 2T; None when it
+    declares no state_size."""
+    from harness.layers.preflight import member
+
+    declared = member(mixer, "memory_kind")
+    if declared in MEMORY_KINDS:
+        return declared
+    at, twice = state_size(mixer, sequence_length), state_size(mixer, 2 * sequence_length)
+    if at is None or twice is None:
+        return None
+    return "kv_cache" if twice > at else "state"
+
+
+def layer_memory(mixer: nn.Module, d_model: int, sequence_length: int) -> dict:
+    """One layer's decoding memory at `sequence_length`, by the mixer's own numbers: its kind
+    (memory_kind), elements in all (state_size) and per head (over head_count), its d_head
+    (declared, else d_model over its head count) and d_key. Unknowns are None."""
+    from harness.layers.preflight import member
+    from harness.layers.registry import built_with
+
+    heads = head_count(mixer)
+    d_head = member(mixer, "d_head") or (d_model // heads if heads and d_model % heads == 0 else None)
+    elements = state_size(mixer, sequence_length)
+    return {"mixer": built_with(mixer).get("mixer", type(mixer).__qualname__),
+            "kind": memory_kind(mixer, sequence_length), "elements": elements, "n_heads": heads,
+            "elements_per_head": elements // heads if elements is not None and heads else None,
+            "d_head": d_head, "d_key": member(mixer, "d_key")}
+
+
 class Mixer(nn.Module):
     """Base of the built-in mixers: head geometry, q/k/v projection, short convolution, rotary,
     and the hook points measurement reads.
@@ -136,6 +193,7 @@ class Mixer(nn.Module):
     wants_learned_positions: bool = False
     has_decay: bool = False
     heads_per_readout: int = 1  # consecutive effective-weight heads read out together
+    memory_kind: str = "state"  # what decoding keeps: a fixed state, or a KV cache (softmax, swa)
     init_by_model: bool = True  # the language model's Xavier / unit-embedding init applies
 
     def __init__(self, config, layer_idx: int) -> None:

@@ -119,19 +119,53 @@ def constructor_kwargs(cls: type, config, layer_idx: int) -> dict[str, Any]:
     return kwargs
 
 
+# model.* keys that act inside a built-in mixer only: an outside mixer that is not handed the
+# ModelConfig (a `config` argument) runs with its own settings for them.
+MIXER_KEYS = ("short_conv", "conv_size", "rotary", "qk_dim", "chunk_size", "eps", "normalize", "favor_features",
+              "favor_redraw", "gate", "mamba_heads", "retnet_heads", "dpfp_nu", "rule", "decay", "window")
+
+
+def not_applied(config, kwargs: dict[str, Any]) -> list[str]:
+    """The model.* keys set away from their defaults (short_conv: when on) that a mixer built
+    with `kwargs` never sees: [] for a built-in mixer or one handed the whole config."""
+    if not is_dotted(config.name) or "config" in kwargs:
+        return []
+    defaults = type(config)()
+    out = [k for k in MIXER_KEYS if getattr(config, k) != getattr(defaults, k) or (k == "short_conv" and config.short_conv)]
+    if not {"n_heads", "num_heads"} & set(kwargs):
+        out.append("n_heads")
+    return out
+
+
+def construction(config, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What results.json records of how a mixer was built: its name, the keyword arguments the
+    harness passed (the ModelConfig named, not copied) and the model.* keys that did not apply."""
+    passed = {k: ("<ModelConfig>" if k == "config" else v) for k, v in kwargs.items()}
+    return {"mixer": config.name, "kwargs": passed, "not_applied": not_applied(config, kwargs)}
+
+
 def build(config, layer_idx: int) -> nn.Module:
-    """The mixer of layer `layer_idx` for a ModelConfig. An outside class that fails to construct
-    raises ValueError naming the path and the cause."""
+    """The mixer of layer `layer_idx` for a ModelConfig (a hybrid's slot config for that layer).
+    An outside class that fails to construct raises ValueError naming the path and the cause.
+    How it was built is kept on the module (`built_with`: harness.layers.registry.construction)."""
     cls = resolve(config.name)
     kwargs = constructor_kwargs(cls, config, layer_idx)
     if not is_dotted(config.name):
-        return cls(**kwargs)
-    try:
-        return cls(**kwargs)
-    except Exception as exc:  # the whole message (pydantic's field list), and the options likely to set
-        from harness.layers.preflight import describe, option_hints
-        raise ValueError(f"model.name={config.name}: construction failed "
-                         f"({describe(exc)}){option_hints(cls, kwargs)}") from None
+        mixer = cls(**kwargs)
+    else:
+        try:
+            mixer = cls(**kwargs)
+        except Exception as exc:  # the whole message (pydantic's field list), and the options likely to set
+            from harness.layers.preflight import describe, option_hints
+            raise ValueError(f"model.name={config.name}: construction failed "
+                             f"({describe(exc)}){option_hints(cls, kwargs)}") from None
+    mixer.__dict__["_harness_built_with"] = construction(config, kwargs)
+    return mixer
+
+
+def built_with(mixer: nn.Module) -> dict[str, Any]:
+    """registry.construction of a mixer built by `build` ({} for one built elsewhere)."""
+    return dict(mixer.__dict__.get("_harness_built_with", {}))
 
 
 def check_mixer(config, lengths=None) -> None:

@@ -19,6 +19,7 @@ from harness.layers.registry import register
 class SoftmaxAttention(Mixer):
     family = "softmax"
     core = "softmax"
+    memory_kind = "kv_cache"  # a key and a value per token (swa: per token of its window)
     kernel = "softmax"
     wants_learned_positions = True  # no recurrence and rotary off by default: GPT-2's positions
 

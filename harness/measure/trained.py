@@ -52,6 +52,7 @@ import scipy.stats
 import torch
 
 from harness.hooks import capture
+from harness.layers.preflight import ignored as protocol_ignored
 from harness.layers.preflight import skipped as protocol_skipped
 from harness.measure.jacobian import JACOBIAN_EXAMPLES, LABEL as JACOBIAN_LABEL, jacobian_weights
 from harness.layers.protocol import lacks, mixer_hooks
@@ -345,7 +346,8 @@ def _skip_reasons(mixer, hooks: dict) -> dict[str, str]:
     snr = sharp or (None if "v" in hooks else "skipped: no hook_v")
     theory = lacks(mixer, "d_key")
     return {"sharpness": sharp or "ok", "snr": snr or "ok", "snr_predicted": theory or "ok",
-            **protocol_skipped(mixer)}  # members the pre-flight found failing (state_size, ...)
+            **protocol_skipped(mixer),  # members the pre-flight found failing (state_size, ...)
+            **protocol_ignored(mixer)}  # attributes that are the mixer's own (H3's kernel), not members
 
 
 MEASURE_TOKENS = 1 << 14  # tokens per forward pass of the measurement (examples per pass = this // T)
@@ -448,10 +450,13 @@ def _summarize(rows: list[dict[str, list]], setup: list[Optional[tuple]], estima
         for h in range(stats["entropy"].shape[0]):
             for value in values:
                 agg = _aggregate(stats, h, layer_rows == value, d_key, with_snr)
-                heads.append({"layer": layer, "head": h, "slice": slice_name, "value": value, "seq_len": T, **agg})
+                # the Jacobian estimate merges a layer's heads into one row: no head to name
+                head = None if estimated[layer] else h
+                heads.append({"layer": layer, "head": head, "slice": slice_name, "value": value, "seq_len": T,
+                              **({"heads_merged": True} if estimated[layer] else {}), **agg})
             pooled = _aggregate(stats, h, torch.ones_like(layer_rows, dtype=torch.bool), d_key, with_snr)
             if best is None or pooled["target_weight"] > best["target_weight"]:
-                best = {**pooled, "retrieval_layer": layer, "retrieval_head": h}
+                best = {**pooled, "retrieval_layer": layer, "retrieval_head": None if estimated[layer] else h}
     keys = ("target_weight", "entropy", "norm_entropy", "snr_measured", "snr_predicted")
     summary = {"measure_examples": int(B)}
     if any(estimated):

@@ -152,6 +152,18 @@ def read_results(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def model_name(cfg: DictConfig) -> str:
+    """model.name, or a hybrid's layers in order (harness.model.label: gated_deltanet*3+softmax);
+    model.name itself for a config that builds no ModelConfig (its error is the run's)."""
+    from harness.config.build import model_config
+    from harness.model import label
+
+    try:
+        return label(model_config(cfg.model))
+    except (ValueError, TypeError):
+        return cfg.model.name
+
+
 def base_results(cfg: DictConfig, flat: dict[str, Any], digest: str) -> dict[str, Any]:
     """What every results.json begins with: cfg's mode, task and model, its flat form and hash
     (a run's plan holds both: harness.config.plan)."""
@@ -161,7 +173,7 @@ def base_results(cfg: DictConfig, flat: dict[str, Any], digest: str) -> dict[str
         "status": "ok",
         "error": None,
         "task": cfg.task.name if cfg.mode == "train" else None,
-        "model": cfg.model.name,
+        "model": model_name(cfg),
         "config_hash": digest,
         "config": flat,
         "summary": {},

@@ -50,6 +50,10 @@ def dispatch(plan: RunPlan, run: RunDir) -> dict[str, Any]:
         from harness.run.cost_mode import cost_run
 
         return cost_run(plan, run.path)
+    if plan.mode == "ablate":
+        from harness.run.ablate_mode import ablate_mode
+
+        return ablate_mode(plan, run.path)
     raise ValueError(f"unknown mode '{plan.mode}'")
 
 

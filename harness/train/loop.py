@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from harness.config.plan import RunPlan
 from harness.errors import OutOfMemory, RunError, first_line, is_out_of_memory
 from harness.layers.parts import qk_width
+from harness.model import label
 from harness.outputs.results import METRICS_FILE, RESULTS_FILE, MetricsLog, base_results, env_info, write_json
 from harness.devices import format_bytes
 from harness.tasks import IGNORE, label_positions
@@ -126,20 +127,44 @@ def _measure(model, eval_sets: list[EvalSet], examples: int, train_len: int) -> 
 
 
 def state_summary(model, task_seq_len: int) -> dict[str, Any]:
-    """State size per head and in bytes (float32), beside what a KV cache holds at this length.
-    A mixer that declares no state_size leaves the state keys out."""
+    """Decoding memory at this length in float32 bytes, by its two parts (LanguageModel.memory):
+    the fixed recurrent state and the attention layers' KV cache, beside what a softmax KV cache
+    of the model's geometry would hold. Per layer and per head only where every layer agrees (a
+    hybrid's layers differ: results.json "memory" has each layer's row); a layer that declares
+    no state_size leaves the totals out."""
     from harness.ops import kv_cache_elements
 
-    cfg = model.cfg
-    d_head = cfg.d_model // cfg.n_heads
-    heads, bytes_per = cfg.n_heads * cfg.n_layers, 4
-    kv = kv_cache_elements(task_seq_len, qk_width(cfg), d_head)  # what softmax would cache per head
-    out: dict[str, Any] = {"d_key": model.d_key, "d_head": d_head, "kv_cache_bytes": kv * heads * bytes_per}
-    state = model.state_size(task_seq_len)
-    if state is not None:
-        out.update(state_elements_per_head=state // heads, state_elements_per_layer=state // cfg.n_layers,
-                   state_bytes=state * bytes_per)
+    cfg, bytes_per = model.cfg, 4
+    mem = model.memory(task_seq_len)
+    kv = kv_cache_elements(task_seq_len, qk_width(cfg), cfg.d_model // cfg.n_heads)  # softmax's, per head
+    out: dict[str, Any] = {"d_key": model.d_key, "d_head": model.d_head,
+                           "kv_cache_bytes": kv * cfg.n_heads * cfg.n_layers * bytes_per}
+    rows = mem["layers"]
+    if mem["unknown_layers"] or any(r["elements"] is None for r in rows):
+        return out
+    state, cache = mem["state_elements"] or 0, mem["kv_cache_elements"] or 0
+    out.update(state_bytes=(state + cache) * bytes_per, recurrent_state_bytes=state * bytes_per,
+               attention_kv_cache_bytes=cache * bytes_per)
+    for key, column in (("state_elements_per_layer", "elements"), ("state_elements_per_head", "elements_per_head")):
+        values = {r[column] for r in rows}
+        if len(values) == 1 and None not in values:
+            out[key] = values.pop()
     return out
+
+
+def memory_lines(memory: dict[str, Any]) -> list[str]:
+    """The printed account of LanguageModel.memory: each kind's layers and elements per head."""
+    lines = []
+    for kind, what in (("state", "recurrent state"), ("kv_cache", "KV cache")):
+        rows = [r for r in memory["layers"] if r["kind"] == kind]
+        if not rows:
+            continue
+        per = ", ".join(f"{r['layer']}: {r['elements_per_head']:,}/head x {r['n_heads']}"
+                        if r["elements_per_head"] is not None else f"{r['layer']}: {r['elements']:,}" for r in rows)
+        total = memory[f"{kind}_elements"]
+        lines.append(f"{what} {total:,} elements{' (grows with length)' if kind == 'kv_cache' else ''} "
+                     f"(layer {per})")
+    return lines
 
 
 class StepClock:
@@ -262,6 +287,7 @@ class Run:
     clock: Optional[StepClock] = None
     eval_lines: bool = False         # one line per evaluation (a non-terminal log) instead of the bar
     setup_s: float = 0.0             # this process's seconds before its first step
+    memory_lines: Optional[list] = None  # the printed account of the model's memory (memory_lines)
 
     @property
     def checkpoint_record(self) -> dict[str, Any] | None:
@@ -301,7 +327,7 @@ def train(plan: RunPlan, out_dir: Path, on_step: Callable[[int], None] | None = 
         r.terminate.restore()
         r.metrics.close()
         r.logger.finish(failed=failed)
-    _report(r.plan.cfg, r.results["summary"], last_eval, out_dir)
+    _report(r.plan.cfg, r.results["summary"], last_eval, out_dir, r.memory_lines, label(r.plan.mcfg))
     return r.results
 
 
@@ -464,6 +490,11 @@ def finish(r: Run, reason: str) -> dict[str, Any]:
     for p in val_eval["settings"]:
         summary[f"val_accuracy/{p['name']}"] = p["accuracy"]
     results = r.results
+    results["layers"] = model.construction()  # each layer's mixer, its constructor arguments, what did not apply
+    memory = model.memory(r.plan.max_len)
+    r.memory_lines = [f"T = {memory['sequence_length']:,}", *memory_lines(memory)]
+    # one row per layer (a table for the loader); the totals of each kind are in the summary
+    results["memory"] = [{**row, "seq_len": memory["sequence_length"]} for row in memory["layers"]]
     results["slices"] = with_val_accuracy(last_eval["slices"], val_eval["slices"])
     results["settings"] = last_eval["settings"]
     summary["eval_peak_mem_bytes"] = max(p["peak_mem_bytes"] for p in last_eval["settings"])
@@ -512,13 +543,14 @@ def _save(r: Run, summary: dict[str, Any]) -> None:
     r.logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
 
 
-def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path) -> None:
+def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path, memory: list[str],
+            name: str) -> None:
     per = ", ".join(f"{p['name']}: {p['accuracy']:.3f}" for p in last_eval["settings"])
-    print(f"[harness] {cfg.task.name}/{cfg.model.name}: accuracy {summary['accuracy']:.3f} "
+    print(f"[harness] {cfg.task.name}/{name}: accuracy {summary['accuracy']:.3f} "
           f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
     if "state_bytes" in summary:
-        print(f"[harness] state {summary['state_elements_per_head']:,} elements/head "
-              f"({format_bytes(summary['state_bytes'])} in all; a KV cache at this length: "
+        print(f"[harness] memory at {memory[0]}: {'; '.join(memory[1:])}; "
+              f"{format_bytes(summary['state_bytes'])} in all (a softmax KV cache at this length: "
               f"{format_bytes(summary['kv_cache_bytes'])})")
     if summary.get("target_weight") is not None and "snr_measured" in summary:
         print(f"[harness] retrieval head: weight on the correct key {summary['target_weight']:.3f}, "

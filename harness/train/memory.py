@@ -28,7 +28,7 @@ from harness.devices import format_bytes, memory_limit, select_device
 from harness.errors import ResourceError
 from harness.layers import registry
 from harness.layers.parts import qk_width
-from harness.model import ModelConfig, uses_learned_positions
+from harness.model import ModelConfig, is_hybrid, layer_configs, uses_learned_positions
 from harness.train.evaluate import examples_per_pass
 
 if TYPE_CHECKING:
@@ -71,6 +71,15 @@ def param_count(mcfg: ModelConfig, vocab: int, max_len: int) -> int:
 
 
 def model_facts(mcfg: ModelConfig, vocab: int, max_len: int) -> ModelFacts:
+    """The estimate's facts; a hybrid's are those of its costliest slot at the longest length
+    (every layer is then counted as that one: an estimate that errs high, never low)."""
+    if is_hybrid(mcfg):
+        options = [slot_facts(s, vocab, max_len) for s in layer_configs(mcfg)]
+        return max(options, key=lambda f: _block_elements(f, max_len, training=True))
+    return slot_facts(mcfg, vocab, max_len)
+
+
+def slot_facts(mcfg: ModelConfig, vocab: int, max_len: int) -> ModelFacts:
     cls = registry.resolve(mcfg.name)
     d_qk = qk_width(mcfg)
     key_width = getattr(cls, "key_width", None)

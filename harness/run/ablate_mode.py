@@ -1,0 +1,54 @@
+"""`mode=ablate ablate.run=<run dir>`: recall of a trained run with each layer and each head
+removed (zero and mean ablation), and each head patched from clean into key-swapped examples,
+one row per (layer, head, kind), printed and written to results.json."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_json
+from harness.config.plan import RunPlan
+
+
+def _row_line(r: dict[str, Any]) -> str:
+    head = "all" if r["head"] is None else r["head"]
+    if r["kind"] == "patch":
+        return f"{r['layer']:>5} {head:>4} {'patch':>5}   restores {r['restored']:.3f} of the clean logit difference"
+    return f"{r['layer']:>5} {head:>4} {r['kind']:>5}   recall {r['accuracy']:.3f} (own {r['base_accuracy']:.3f})"
+
+
+def ablate_mode(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
+    """harness.measure.ablate.ablate_run on the run `ablate.run` names, into out_dir."""
+    from harness import load_run
+    from harness.measure.ablate import ablate_run
+
+    cfg, ab = plan.cfg, plan.cfg.ablate
+    if not ab.run:
+        raise ValueError("mode=ablate needs ablate.run=<a trained run's directory>")
+    started = time.time()
+    run = load_run(ab.run, device=str(plan.device), trust_code=ab.trust_code)
+    found = ablate_run(run.model, run.config, examples=ab.examples, seed=ab.seed, kinds=list(ab.kinds),
+                       patch=ab.patch)
+    own = run.results.get("summary", {})
+    results = base_results(cfg, plan.flat, plan.digest)
+    results.update(model=run.results.get("model"), task=run.results.get("task"), ablate=found["rows"])
+    results["measure"] = {"ablate": found["skipped"] or "ok"}
+    results["summary"] = {"run": str(ab.run), "accuracy": found["accuracy"], "run_accuracy": own.get("accuracy"),
+                          "retrieval_layer": own.get("retrieval_layer"), "retrieval_head": own.get("retrieval_head"),
+                          "seq_len": found["seq_len"], "examples": found["examples"], "rows": len(found["rows"]),
+                          "wall_time_s": time.time() - started}
+    results["env"] = env_info(str(plan.device))
+    write_json(out_dir / RESULTS_FILE, results)
+    acc = own.get("accuracy")
+    print(f"[harness] ablate {results['model']} ({ab.run}): recall {found['accuracy']:.3f} on "
+          f"{found['examples']} examples at T = {found['seq_len']} (the run's own test recall "
+          f"{acc if acc is None or math.isnan(acc) else format(acc, '.3f')})")
+    print(f"[harness] ablate: {'layer':>5} {'head':>4} {'kind':>5}")
+    for r in found["rows"]:
+        print(f"[harness] ablate: {_row_line(r)}")
+    for what, why in found["skipped"].items():
+        print(f"[harness] ablate: {what}: {why}")
+    print(f"[harness] results: {out_dir / RESULTS_FILE}")
+    return results
