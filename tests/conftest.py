@@ -6,8 +6,12 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.pop("HYDRA_FULL_ERROR", None)
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
 # Two pytest workers share two cores: one torch thread each avoids oversubscription.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -42,7 +46,10 @@ def run_harness(tmp_path):
     import sys
 
     def run(*overrides: str, cwd=None, timeout: int = 600):
-        env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+        # the checkout on the path, as pytest's own (pyproject pythonpath): a test names its own
+        # classes (tests.test_hybrid.Plain) by dotted path from a subprocess run elsewhere
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", PYTHONPATH=path)
         return subprocess.run([sys.executable, "-m", "harness", *overrides], cwd=cwd or tmp_path,
                               capture_output=True, text=True, timeout=timeout, env=env)
 
