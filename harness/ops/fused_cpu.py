@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from harness.env import switch
+
 CSRC = Path(__file__).parent / "csrc"  # every *.cpp there is compiled; *.h files are included
 NAME = "harness_chunk_cpu"
 LDFLAGS = ["-fopenmp"]
@@ -50,7 +52,7 @@ BUILT = "harness-built"  # in the build directory: the module's file name, once 
 LOCK_WAIT_S = 300.0
 POLL_S = 0.2  # how often a waiting process looks again at the lock and at the build
 
-_enabled = os.environ.get("HARNESS_FUSED_CPU", "1") != "0"
+_enabled = switch("HARNESS_FUSED_CPU")  # harness.env: 1/0, true/false, yes/no, on/off
 _module = None
 _failed = False
 _lock = threading.Lock()
