@@ -160,6 +160,10 @@ def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Atomic write: a killed run never leaves a half-written results.json behind."""
     write_text(path, json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n")
