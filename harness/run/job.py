@@ -187,7 +187,8 @@ def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool, also: str = ""
         return {"status": "failed", "error": str(exc)}
     if in_one_line(exc):
         print(f"harness: error: {shown(exc)}{also}", file=sys.stderr)
-        raise SystemExit(2 if isinstance(exc, ValueError) else 1) from None
+        # a run stopped by a signal exits as the shell reports one (harness.train.faults.Interrupted)
+        raise SystemExit(getattr(exc, "exit_code", 2 if isinstance(exc, ValueError) else 1)) from None
     raise exc
 
 
