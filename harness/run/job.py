@@ -183,7 +183,8 @@ def _give_up(exc: BaseException, cfg: DictConfig, multirun: bool, also: str = ""
     one line (2 for bad input, 1 for a run error), or re-raise anything unexpected. ``also``:
     what else went wrong on the way out (results.json not written), said in the same line."""
     if multirun and not cfg.sweep.fail_on_error:
-        print(f"[harness] run failed ({type(exc).__name__}: {shown(exc)}{also}); sweep continues", file=sys.stderr)
+        goes_on = "sweep stops" if hasattr(exc, "exit_code") else "sweep continues"  # stopped by a signal
+        print(f"[harness] run failed ({type(exc).__name__}: {shown(exc)}{also}); {goes_on}", file=sys.stderr)
         return {"status": "failed", "error": str(exc)}
     if in_one_line(exc):
         print(f"harness: error: {shown(exc)}{also}", file=sys.stderr)
