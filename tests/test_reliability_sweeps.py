@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from harness.outputs.checkpoint import checkpoint_files
-from harness.run.sweep import STOP_GRACE_S
+from harness.run import sweep as sweep_module
 
 # Runs that train until stopped: an evaluation (and a metrics.jsonl row) every 5 steps, no
 # periodic checkpoint, so the one found after the stop is the stop's own.
@@ -52,7 +52,7 @@ def test_a_stopped_sweep_leaves_no_worker_and_checkpoints_every_run(tmp_path, la
         below = psutil.Process(proc.pid).children(recursive=True)
         assert len(below) >= running
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=STOP_GRACE_S + 60)
+        out, err = proc.communicate(timeout=getattr(sweep_module, "STOP_GRACE_S", 60) + 60)
         assert proc.returncode == 128 + sig, err[-3000:]
         assert "Traceback" not in err, err[-3000:]
         _, alive = psutil.wait_procs(below, timeout=30)  # a resource tracker exits after the parent
