@@ -15,7 +15,10 @@ run's becomes ``run.model``).
 
 Failed and unfinished runs never stop a load: a run directory without results.json is
 skipped, an unreadable or malformed results.json is kept as a failed run whose error names the
-file, and a run without a table simply contributes no rows to it.
+file, and a run without a table simply contributes no rows to it. Unreadable includes a file
+that is not regular or is past a size bound, a schema other than the harness's, and a value a
+figure could not use (a text where the schema has a number, a non-finite summary number): the
+error then names the key too (:func:`unusable_values`), and the figure's note names the run.
 """
 from __future__ import annotations
 
@@ -150,8 +153,7 @@ NUMBERS = frozenset((
     "max_weight", "target_rank", "monotonicity", "snr_measured", "snr_predicted", "snr_readout_trained",
     "acc_readout_trained", "d_kernel", "snr_predicted_from_train", "acc_predicted_from_train",
     "retrieval_layer", "retrieval_head", "log_decay", "eval_peak_mem_bytes", "peak_mem_bytes",
-    "time_s", "step_time_s", "setup_time_s", "measure_time_s", "wall_time_s", "cpu_time_s", "value",
-    "seq_len", "count", "layer", "head", "d", "n", "acc_measured", "acc_predicted", "d_eff", "n_eff",
+    "time_s", "step_time_s", "setup_time_s", "measure_time_s", "wall_time_s", "cpu_time_s", "seq_len", "count", "layer", "head", "d", "n", "acc_measured", "acc_predicted", "d_eff", "n_eff",
 ))
 
 

@@ -25,6 +25,7 @@ from harness.train.faults import STOP_SIGNALS, StopRequest
 # How long a stopped sweep waits for its workers: a step, a checkpoint and the failed run's
 # results.json, on a busy machine. Past it a worker is killed; its last checkpoint stands.
 STOP_GRACE_S = 60.0
+_stopping: list[int] = []  # the stop signals this parent has received
 
 
 def summarise(sweep_dir: Path) -> dict[str, list]:
@@ -37,11 +38,15 @@ def summarise(sweep_dir: Path) -> dict[str, list]:
 
 def stop_workers(signum: int, frame: Any = None, grace_s: float = STOP_GRACE_S) -> None:
     """The parent's handler of a stop signal: SIGTERM to every process below this one, a wait
-    of up to ``grace_s`` for them, SIGKILL to the rest, then exit 128 + signum. Resource trackers
+    of up to ``grace_s`` for them (none after a second signal), SIGKILL to the rest, then exit
+    128 + signum. Resource trackers
     (joblib's, multiprocessing's) are not waited for: they ignore signals and exit when the
     last process that writes to them has."""
     import psutil
 
+    if _stopping:  # a second signal while waiting: no more waiting
+        grace_s = 0.0
+    _stopping.append(signum)
     name = signal.Signals(signum).name
     below = psutil.Process().children(recursive=True)
     workers = [p for p in below if not _is_resource_tracker(p)]
