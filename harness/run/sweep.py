@@ -39,9 +39,8 @@ def summarise(sweep_dir: Path) -> dict[str, list]:
 def stop_workers(signum: int, frame: Any = None, grace_s: float = STOP_GRACE_S) -> None:
     """The parent's handler of a stop signal: SIGTERM to every process below this one, a wait
     of up to ``grace_s`` for them (none after a second signal), SIGKILL to the rest, then exit
-    128 + signum. Resource trackers
-    (joblib's, multiprocessing's) are not waited for: they ignore signals and exit when the
-    last process that writes to them has."""
+    128 + signum. Resource trackers (joblib's, multiprocessing's) are not waited for: they
+    ignore signals and exit when the last process that writes to them has."""
     import psutil
 
     if _stopping:  # a second signal while waiting: no more waiting
