@@ -15,16 +15,22 @@ run's becomes ``run.model``).
 
 Failed and unfinished runs never stop a load: a run directory without results.json is
 skipped, an unreadable or malformed results.json is kept as a failed run whose error names the
-file, and a run without a table simply contributes no rows to it.
+file, and a run without a table simply contributes no rows to it. Unreadable includes a file
+that is not regular or is past a size bound, a schema other than the harness's, and a value a
+figure could not use (a text where the schema has a number, a non-finite summary number): the
+error then names the key too (:func:`unusable_values`), and the figure's note names the run.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
 
 import pandas as pd
+
+from harness.outputs.results import DamagedResults, parse_results_file
 
 RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.jsonl"
@@ -90,12 +96,14 @@ def read_run(file: str | os.PathLike) -> tuple[dict, dict[str, list[dict]]]:
     """One results.json as (run record of scalar columns, {table name: rows})."""
     file = Path(file)
     try:
-        data = json.loads(file.read_text())
+        data = parse_results_file(file)  # a regular file under a size bound, JSON, schema 1
         malformed(data)
+        unusable_values(data)
     except (OSError, ValueError, RecursionError) as err:
         # A run killed while writing leaves a truncated file, an edit or another program a file
         # of another shape: keep it visible as a failed run that names the file, never a crash.
-        data = {"status": "failed", "error": f"unreadable {RESULTS_FILE} ({file}): {err}"}
+        reason = err.reason if isinstance(err, DamagedResults) else err
+        data = {"status": "failed", "error": f"unreadable {RESULTS_FILE} ({file}): {reason}"}
 
     config = data.get("config") or _saved_config(file.parent)
     record = {
@@ -134,6 +142,42 @@ def malformed(data) -> None:
     for key in RUN_COLUMNS[1:]:
         if isinstance(data.get(key), (dict, list)):
             raise ValueError(f"'{key}' is {type(data[key]).__name__}, not a single value")
+
+
+# The numbers the figures aggregate (README: the results.json schema), in the summary and in the
+# rows of its tables; a summary key "accuracy/<setting>" is the number "accuracy" of a setting.
+NUMBERS = frozenset((
+    "accuracy", "loss", "val_accuracy", "val_loss", "steps", "steps_run", "best_val_accuracy",
+    "best_val_step", "params", "d_key", "d_head", "state_elements_per_head", "state_elements_per_layer",
+    "state_bytes", "kv_cache_bytes", "target_weight", "entropy", "norm_entropy", "eff_support",
+    "max_weight", "target_rank", "monotonicity", "snr_measured", "snr_predicted", "snr_readout_trained",
+    "acc_readout_trained", "d_kernel", "snr_predicted_from_train", "acc_predicted_from_train",
+    "retrieval_layer", "retrieval_head", "log_decay", "eval_peak_mem_bytes", "peak_mem_bytes",
+    "time_s", "step_time_s", "setup_time_s", "measure_time_s", "wall_time_s", "cpu_time_s", "seq_len", "count", "layer", "head", "d", "n", "acc_measured", "acc_predicted", "d_eff", "n_eff",
+))
+
+
+def unusable_values(data: dict) -> None:
+    """ValueError naming the key of the first value a figure could not use: a NaN or infinity in
+    the summary (the harness writes a non-finite number as null, so one there was put by something
+    else, and a figure would drop its run in silence; a table's NaN is a point not measured), or
+    a value that is not a number where the schema has one (a figure's mean would fail on it)."""
+    places = [("summary", data.get("summary") or {})]
+    places += [(f"{key}[{i}]", row) for key, value in data.items() if isinstance(value, list)
+               for i, row in enumerate(value) if isinstance(row, dict)]
+    for where, fields in places:
+        for key, value in _flatten(fields).items():
+            name = f"{where}.{key}"
+            if where == "summary" and isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"'{name}' is {value}, not a finite number")
+            if key.split("/")[0] in NUMBERS and value is not None and (
+                    isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"'{name}' is {type(value).__name__} ({_short(value)}), not a number")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:

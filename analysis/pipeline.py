@@ -12,9 +12,8 @@ from pathlib import Path
 from analysis import lr_edge
 from analysis.loader import NoResultsError, find_results, load_all
 from analysis.plots import FigureSpec  # noqa: F401  (what a figure is, declared beside its drawing code)
-from analysis.plots.common import warn
-
-FORMATS = ("png", "pdf")
+from analysis.plots.common import FORMATS, save_figure, warn  # noqa: F401 (FORMATS: analysis.figures)
+from harness.errors import OutputError
 
 
 def sweep_command(profile: str, experiment: str, sweep_dir: Path) -> list[str]:
@@ -135,22 +134,6 @@ def sweep_params(profile: str, name: str) -> dict[str, list[str]]:
     return experiment_grid(_full_name(profile, name))
 
 
-def save_figure(fig, out_dir: Path, name: str) -> list[Path]:
-    """Write ``fig`` as ``out_dir/name.png`` and ``out_dir/name.pdf``, and each table the
-    figure carries (``fig.tables``: every learning rate's result, fitted numbers) as
-    ``out_dir/<table>.csv`` beside it."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.{fmt}" for fmt in FORMATS]
-    for path in paths:
-        fig.savefig(path, dpi=150, bbox_inches="tight")
-    for table_name, frame in getattr(fig, "tables", {}).items():
-        if frame is not None and len(frame):
-            path = out_dir / f"{table_name}.csv"
-            frame.to_csv(path, index=False)
-            paths.append(path)
-    return paths
-
-
 def load_figure_data(root: Path, spec: FigureSpec):
     """The long frame of every sweep ``spec`` reads (its own first); NoResultsError when its
     own sweep has none. A missing extra sweep only leaves its rows out."""
@@ -192,7 +175,10 @@ def render(specs, root: Path, out_dir: Path, *, trust_code: bool = False) -> tup
         if fig is None:
             missed.append(spec.name)
             continue
-        written[spec.name] = save_figure(fig, out_dir, spec.name)
+        try:
+            written[spec.name] = save_figure(fig, out_dir, spec.name)
+        except OutputError as err:  # a full disk: every figure after it would fail the same way
+            raise SystemExit(f"python -m analysis.figures: error: {err}") from None
         print(f"{spec.name}: " + ", ".join(str(p) for p in written[spec.name]), flush=True)
     return written, missed
 

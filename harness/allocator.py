@@ -19,8 +19,8 @@ Hydra's launchers, the benchmark and a notebook calling harness.ops. The price: 
 freed stays with the process (its peak, not its current use, is what the system sees).
 
 Linux with glibc only; elsewhere nothing happens. A threshold the environment sets already
-(MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) is left to it. HARNESS_MALLOC=system before
-the import keeps glibc's defaults.
+(MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) is left to it. HARNESS_MALLOC=system (or 0, false,
+no, off) before the import keeps glibc's defaults.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ import os
 import sys
 from typing import Any
 
-OPT_OUT_ENV = "HARNESS_MALLOC"  # "system": leave the allocator as it is
+from harness.env import EnvironmentSwitchError, switch
+
+OPT_OUT_ENV = "HARNESS_MALLOC"  # a switch (harness.env): 0, false, no, off or system leave the allocator as it is
 THRESHOLD = 2**31 - 1  # bytes; mallopt's value is a C int
 # mallopt's parameter numbers (malloc.h) and the environment variables glibc reads for them.
 PARAMETERS = {"mmap_threshold": (-3, "MALLOC_MMAP_THRESHOLD_"), "trim_threshold": (-1, "MALLOC_TRIM_THRESHOLD_")}
@@ -56,8 +58,15 @@ def configure() -> dict[str, Any]:
     what was done: {"configured", "reason", "glibc", the thresholds set, those the environment set}."""
     if _state["reason"] != "not yet configured":
         return dict(_state)
-    if os.environ.get(OPT_OUT_ENV, "").strip().lower() == "system":
-        _state.update(configured=False, reason=f"{OPT_OUT_ENV}=system")
+    try:
+        wanted = switch(OPT_OUT_ENV)
+    except EnvironmentSwitchError as exc:
+        # at import a refusal would be a traceback: the allocator is left as it is, the reason
+        # recorded, and the command line refuses the value in one line (harness.run.precheck)
+        _state.update(configured=False, reason=str(exc))
+        return dict(_state)
+    if not wanted:
+        _state.update(configured=False, reason=f"{OPT_OUT_ENV}={os.environ[OPT_OUT_ENV].strip()}")
         return dict(_state)
     libc = glibc_library()
     if libc is None:

@@ -86,16 +86,18 @@ def test_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path, whole):
     resume_and_compare(whole, killed)
 
 
-def test_sigterm_checkpoints_the_current_step_then_resumes_exactly(tmp_path, whole):
-    """A pre-empted job (SIGTERM) saves the step it is at, not the last periodic checkpoint."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_checkpoints_the_current_step_then_resumes_exactly(tmp_path, whole, sig):
+    """A pre-empted job (SIGTERM) or Ctrl-C (SIGINT) saves the step it is at, not the last
+    periodic checkpoint, and exits as the shell reports that signal (128 + its number)."""
     stopped = tmp_path / "stopped"
     victim = harness(*RUN, "trainer.ckpt_every=1000", f"out_dir={stopped}")  # no periodic ones
     wait_for(lambda: stopped / "metrics.jsonl", victim)  # the first evaluation (step 40) is done
-    victim.send_signal(signal.SIGTERM)
+    victim.send_signal(sig)
     out, err = victim.communicate(timeout=120)
-    assert victim.returncode == 1
+    assert victim.returncode == 128 + sig, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "stopped by SIGTERM after step" in lines[0], err
+    assert len(lines) == 1 and f"stopped by {sig.name} after step" in lines[0], err
     saved = torch.load(latest_checkpoint(stopped), weights_only=True)
     assert 40 <= saved["step"] < 200
     assert json.loads((stopped / "results.json").read_text())["status"] == "failed"

@@ -41,6 +41,38 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+FORMATS = ("png", "pdf")
+
+
+def save_figure(fig, out_dir, name: str) -> list:
+    """Write ``fig`` as ``out_dir/name.png`` and ``out_dir/name.pdf``, and each table the
+    figure carries (``fig.tables``: every learning rate's result, fitted numbers) as
+    ``out_dir/<table>.csv`` beside it.
+
+    Each file is drawn in memory, then written as a run writes its files (harness.outputs.results:
+    a temporary file renamed into place), so a command killed at any moment leaves each file
+    complete, the previous one or the new one, and a full disk is one OutputError naming the
+    file, with no temporary file left (matplotlib writing straight to a file that cannot grow
+    raises a second error from its own clean-up, and leaves the partial file)."""
+    import io
+    from pathlib import Path
+
+    from harness.outputs.results import write_bytes, write_text
+
+    out_dir = Path(out_dir)
+    paths = []
+    for fmt in FORMATS:
+        drawn = io.BytesIO()
+        fig.savefig(drawn, format=fmt, dpi=150, bbox_inches="tight")
+        paths.append(out_dir / f"{name}.{fmt}")
+        write_bytes(paths[-1], drawn.getvalue())
+    for table_name, frame in getattr(fig, "tables", {}).items():
+        if frame is not None and len(frame):
+            paths.append(out_dir / f"{table_name}.csv")
+            write_text(paths[-1], frame.to_csv(index=False))
+    return paths
+
+
 def figure(name: str):
     """Decorate a figure function: results paths are loaded, missing data skips with a warning.
 

@@ -95,6 +95,7 @@ class AblateConfig:
 class SweepConfig:
     skip_completed: bool = True        # a rerun skips runs whose results.json matches the config
     fail_on_error: bool = False        # in a sweep, record a failure and go on (summary at the end)
+    max_jobs: int = 100_000            # a larger grid is refused before any work (harness.run.precheck)
 
 
 @dataclass

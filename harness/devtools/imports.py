@@ -22,7 +22,7 @@ ANALYSIS = ROOT.parent / "analysis"            # in a checkout; an installed whe
 
 # Lowest first. Each entry is a top-level module or subpackage of harness.
 LAYERS = (
-    ("base", ("errors", "checks", "devices", "allocator", "peak_memory")),
+    ("base", ("errors", "env", "checks", "devices", "allocator", "peak_memory")),
     ("ops", ("ops", "features")),
     ("hooks", ("hooks",)),
     ("layers", ("layers",)),

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from harness.env import switch
+
 # Every *.cpp in a folder of harness/ops (csrc/ and the families') is compiled; *.h files are
 # included. The build copies them into one folder, so a file includes the header by its name alone.
 ROOT = Path(__file__).parent
@@ -53,7 +55,7 @@ BUILT = "harness-built"  # in the build directory: the module's file name, once 
 LOCK_WAIT_S = 300.0
 POLL_S = 0.2  # how often a waiting process looks again at the lock and at the build
 
-_enabled = os.environ.get("HARNESS_FUSED_CPU", "1") != "0"
+_enabled = switch("HARNESS_FUSED_CPU")  # harness.env: 1/0, true/false, yes/no, on/off
 _module = None
 _failed = False
 _lock = threading.Lock()

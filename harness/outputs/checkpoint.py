@@ -24,9 +24,7 @@ import io
 import os
 import random
 import re
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -374,24 +372,3 @@ def _why_nothing(run_dir: Path) -> str:
         return "no checkpoint there"
     return ("no checkpoint there: it is not a harness run directory (no checkpoint, config.yaml or "
             f"{RESULTS_FILE})")
-
-
-
-class TerminationRequest:
-    """SIGTERM (a cluster pre-empting or cancelling the job) sets ``requested``; the training
-    loop then checkpoints after the current step and stops, so the rerun loses no work.
-    Only the main thread can own a signal handler; elsewhere this never fires."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = None
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._request)
-
-    def _request(self, signum, frame) -> None:
-        self.requested = True
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None

@@ -34,7 +34,7 @@ from harness.errors import DamagedFile
 from harness.layers import registry
 from harness.model import LanguageModel
 from harness.outputs.checkpoint import MODEL_FILE, load_model
-from harness.outputs.results import RESULTS_FILE, parse_results
+from harness.outputs.results import CONFIG_FILE, RESULTS_FILE, parse_results
 from harness.tasks import is_outside
 
 
@@ -63,7 +63,10 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu", trust_c
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"load_run: {run_dir} is not a directory")
-    results = parse_results(run_dir)  # DamagedFile naming the file if it is not a JSON object
+    results = parse_results(run_dir)  # DamagedFile naming the file if it is not a run's results
+    if results is None and not any((run_dir / name).exists() for name in (MODEL_FILE, CONFIG_FILE)):
+        raise ValueError(f"load_run: {run_dir} is not a run: it holds no {RESULTS_FILE}, {MODEL_FILE} or "
+                         f"{CONFIG_FILE} (a sweep keeps each run in a numbered directory inside it)")
     saved = load_model(run_dir, results=results)
     weights = run_dir / MODEL_FILE
     try:

@@ -21,6 +21,7 @@ from harness.errors import DamagedFile, OutputError
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"  # the resolved config, the first file a run writes
 def _git_commit() -> str | None:
     try:
         root = Path(__file__).resolve().parent  # a clone: the repository; installed: not a git tree
@@ -119,28 +120,75 @@ def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Atomic write: a killed run never leaves a half-written results.json behind."""
     write_text(path, json.dumps(_clean(payload), indent=2, sort_keys=False) + "\n")
 
 
-def parse_results(run_dir: Path) -> dict[str, Any] | None:
-    """A run's results.json, None if there is none; DamagedFile (one line naming the file) if it
-    is not a JSON object (cut short by a kill, or edited into something else)."""
-    path = Path(run_dir) / RESULTS_FILE
+# A results.json the harness writes is kilobytes (a probe's table at most a few megabytes): a
+# larger file is not one, and reading it whole could exhaust the memory of whoever loads it.
+MAX_RESULTS_BYTES = 64 * 2**20
+
+
+class DamagedResults(DamagedFile):
+    """A results.json that is not one the harness wrote; ``reason`` says why, without the path."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path} is damaged: {reason}")
+        self.path, self.reason = path, reason
+
+
+def read_bounded(path: Path, limit: int = MAX_RESULTS_BYTES) -> bytes:
+    """The bytes of ``path`` when it is a regular file (a link is followed) of at most ``limit``
+    bytes; DamagedResults otherwise: a device (/dev/zero never ends), a FIFO (a read would wait
+    for a writer), a directory, a file too large. FileNotFoundError when there is nothing."""
+    import stat
+
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket")
+        raise DamagedResults(path, f"it is {kind}, not a regular file")
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)  # the size read is bounded even if the file grows meanwhile
+    if len(data) > limit:
+        raise DamagedResults(path, f"it holds more than {limit:,} bytes, more than any results.json")
+    return data
+
+
+def parse_results_file(path: Path) -> dict[str, Any]:
+    """A results.json read (bounded, as read_bounded) and checked as the harness writes it: a JSON
+    object of schema SCHEMA_VERSION. FileNotFoundError when there is none; DamagedResults (one
+    line: the file and the reason) for anything else."""
+    path = Path(path)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
+        text = read_bounded(path).decode()
+    except (FileNotFoundError, DamagedResults):
+        raise
     except (OSError, UnicodeDecodeError) as exc:
-        raise DamagedFile(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+        raise DamagedResults(path, f"cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested past what json parses
-        raise DamagedFile(f"{path} is damaged: it is not valid JSON ({exc})") from None
+        raise DamagedResults(path, f"it is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise DamagedFile(f"{path} is damaged: it holds a {type(data).__name__}, not a JSON object")
+        raise DamagedResults(path, f"it holds a {type(data).__name__}, not a JSON object")
+    schema = data.get("schema", "absent")
+    if type(schema) is not int or schema != SCHEMA_VERSION:
+        raise DamagedResults(path, f"'schema' is {schema!r}; this harness reads schema {SCHEMA_VERSION}")
     return data
+
+
+def parse_results(run_dir: Path) -> dict[str, Any] | None:
+    """A run's results.json (parse_results_file), None if there is none."""
+    try:
+        return parse_results_file(Path(run_dir) / RESULTS_FILE)
+    except FileNotFoundError:
+        return None
 
 
 def read_results(run_dir: Path) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.config.compose import CONF_DIR, ConfigError, compose_config, with_outside_tasks
 from harness.errors import in_one_line, shown
+from harness.run.precheck import check_dir, refuse_bad_command
 
 OVERWRITE = ("+overwrite=true", "overwrite=true")  # a finished run of another config may be replaced
 
@@ -41,27 +42,6 @@ def _run_dir_is_out_dir(argv: list[str]) -> tuple[list[str], bool]:
 def _refuse(message: str) -> None:
     print(f"harness: error: {message}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def _check_out_dir(out_dir: Path) -> None:
-    """Refuse, before Hydra writes anything there, an out_dir that cannot be a run directory: a
-    file, a symlink that leads nowhere (a loop, a dangling link), a place that cannot be written."""
-    import os
-
-    if out_dir.is_symlink() and not os.path.exists(out_dir):
-        _refuse(f"out_dir {out_dir} is a symbolic link that leads nowhere (a loop or a missing target)")
-    try:
-        place = out_dir
-        while not place.exists():
-            if place.is_symlink():
-                _refuse(f"out_dir {out_dir}: {place} is a symbolic link that leads nowhere")
-            place = place.parent
-    except OSError as exc:  # ELOOP and the like
-        _refuse(f"out_dir {out_dir} cannot be used: {exc.strerror or exc}")
-    if not place.is_dir():
-        _refuse(f"out_dir {out_dir} cannot be a directory: {place} is a file")
-    if not os.access(place, os.W_OK | os.X_OK):
-        _refuse(f"out_dir {out_dir} cannot be written: {place} is read-only for this user")
 
 
 def _check_held(out_dir: Path) -> None:
@@ -105,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     overwrite = any(a.lower() in OVERWRITE for a in argv)
     argv = [a for a in argv if a.lower() not in OVERWRITE]
+    refuse_bad_command(argv)  # environment switches, Hydra's directories, a sweep's size
     plan = None
     if not _is_multirun(argv) and not _wants_hydra_only(argv):
         # Hydra's own keys are Hydra's business, but for the search path: a user's config groups
@@ -120,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             cfg = plan.cfg
             if cfg.out_dir:
                 out_dir = Path(cfg.out_dir)
-                _check_out_dir(out_dir)
+                check_dir("out_dir", out_dir)
                 _check_held(out_dir)
                 if not overwrite:
                     _check_finished(plan, out_dir)

@@ -138,9 +138,11 @@ def _give_up(exc: BaseException, goes_on: bool, also: str = "") -> dict[str, Any
     non-zero with one line (2 for bad input, 1 for a run error), or re-raise anything unexpected.
     ``also``: what else went wrong on the way out (results.json not written), said in the same line."""
     if goes_on:
-        print(f"[harness] run failed ({type(exc).__name__}: {shown(exc)}{also}); sweep continues", file=sys.stderr)
+        goes_on_as = "sweep stops" if hasattr(exc, "exit_code") else "sweep continues"  # stopped by a signal
+        print(f"[harness] run failed ({type(exc).__name__}: {shown(exc)}{also}); {goes_on_as}", file=sys.stderr)
         return {"status": "failed", "error": str(exc)}
     if in_one_line(exc):
         print(f"harness: error: {shown(exc)}{also}", file=sys.stderr)
-        raise SystemExit(2 if isinstance(exc, ValueError) else 1) from None
+        # a run stopped by a signal exits as the shell reports one (harness.train.faults.Interrupted)
+        raise SystemExit(getattr(exc, "exit_code", 2 if isinstance(exc, ValueError) else 1)) from None
     raise exc

@@ -11,9 +11,13 @@ the earliest step, and within it the first site in the order the computation ran
 through the layers, the loss, then backward from the top layer down).
 
 A checkpoint is written only after a clean check, so the last checkpoint on disk is good.
+
+A run asked to stop (SIGTERM, SIGINT) is the other way training ends early: StopRequest below.
 """
 from __future__ import annotations
 
+import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -173,3 +177,63 @@ class FaultWatch:
         raise NumericalFault(f"numerical fault at step {step} in {where}: {_DESCRIBE[what]}",
                              fault={"step": step, "layer": site.layer, "mixer": self.mixer,
                                     "check": site.what})
+
+
+# ----- interruptions: a signal that asks a run to stop -------------------------------------------
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(RunError):
+    """A run stopped by SIGTERM or SIGINT after checkpointing its step; ``exit_code`` is the
+    shell's for a process ended by that signal (128 + its number: 143, 130), so a scheduler or a
+    script reads it as interrupted, not failed."""
+
+    def __init__(self, message: str, signum: int, **record) -> None:
+        super().__init__(message, **record)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class StopRequest:
+    """SIGTERM (a cluster pre-empting or cancelling the job) and SIGINT (Ctrl-C) set ``signum``;
+    the training loop then checkpoints after the current step and stops, so the rerun loses no
+    work. A second SIGINT stops at once (KeyboardInterrupt), as a user pressing Ctrl-C twice
+    expects. Only the main thread can own a signal handler; elsewhere this never fires.
+
+    ``received()``: the signal this process was asked to stop by, if any, kept after the run
+    (a sweep's worker exits on it instead of taking the next job: harness.run.sweep)."""
+
+    _received: int | None = None
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._request)
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _request(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        StopRequest._received = signum
+
+    def stopped(self, step: int, checkpoint) -> Interrupted:
+        """The error that ends a run stopped at ``step`` with ``checkpoint`` holding it."""
+        name = signal.Signals(self.signum).name
+        return Interrupted(f"stopped by {name} after step {step}; the checkpoint {checkpoint} holds it: "
+                           "rerun the same command to resume", self.signum)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+    @staticmethod
+    def received() -> int | None:
+        return StopRequest._received

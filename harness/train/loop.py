@@ -276,7 +276,7 @@ class Run:
     periodic: list[EvalSet]          # the validation split, evaluated every eval_every steps
     logger: Any
     metrics: MetricsLog
-    terminate: Any                   # harness.outputs.checkpoint.TerminationRequest
+    terminate: Any                   # harness.train.faults.StopRequest
     results: dict[str, Any]
     started: float                   # wall-clock start (earlier by a resumed run's elapsed time)
     cpu_started: float
@@ -338,7 +338,7 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
     stream and the progress display."""
     from harness.outputs import checkpoint
     from harness.outputs.wandb_logger import make_logger
-    from harness.train.faults import FaultWatch
+    from harness.train.faults import FaultWatch, StopRequest
 
     started, t0, cpu_started = time.time(), time.perf_counter(), time.process_time()
     cfg, tr, device = plan.cfg, plan.cfg.trainer, plan.device
@@ -371,7 +371,7 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
             eval_sets, periodic, logger, MetricsLog(out_dir / METRICS_FILE, resume_step=ckpt_step), None,
             base_results(cfg, plan.flat, plan.digest), started, cpu_started,
             ckpt_path=Path(resume["path"]) if resume is not None else None, ckpt_step=ckpt_step)
-    r.terminate = checkpoint.TerminationRequest()  # a pre-empted job saves its step, then stops
+    r.terminate = StopRequest()  # a pre-empted job, or Ctrl-C, saves its step, then stops
     r.batches = train_batches(module, tcfg, tr, cfg.seed, device, start=loop.step)
     # a progress bar on a terminal; in a log file (a cluster job) one line per evaluation
     # instead of a carriage-return update at every refresh
@@ -461,8 +461,7 @@ def _checkpoint(r: Run, step: int) -> None:
     if kept is not None:  # None: a directory holds its name (warned); the last one stands
         r.ckpt_path, r.ckpt_step = kept, step
     if r.terminate.requested:
-        raise RunError(f"stopped by SIGTERM after step {step}; the checkpoint "
-                       f"{r.ckpt_path} holds it: rerun the same command to resume")
+        raise r.terminate.stopped(step, r.ckpt_path)
 
 
 def finish(r: Run, reason: str) -> dict[str, Any]:
