@@ -55,3 +55,27 @@ def test_analysis_imports_harness_plainly():
         names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
         modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert "importlib" not in names | modules, path
+
+
+MAX_FUNCTION_LINES = 80  # a reader holds a function on one screen; a longer one has parts to name
+
+
+def long_functions(root: Path) -> list[str]:
+    """`path:name (n lines)` for every function under root longer than MAX_FUNCTION_LINES."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    found.append(f"{path}:{node.name} ({n} lines)")
+    return found
+
+
+def test_no_function_in_the_package_is_longer_than_a_screen():
+    assert long_functions(Path(imports.__file__).resolve().parents[1]) == []
+
+
+def test_a_long_function_is_found(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES + "\n\ndef g():\n    pass\n")
+    assert long_functions(tmp_path) == [f"{tmp_path / 'm.py'}:f ({MAX_FUNCTION_LINES + 1} lines)"]
