@@ -132,10 +132,28 @@ def register_task(name: str) -> None:
     ConfigStore.instance().store(group="task", name=name, node=task_schema(name))
 
 
+def model_label(model) -> str:
+    """`${model_label:${model}}`: the model's name as run directories show it (a hybrid's slots,
+    gated_deltanet*3+softmax, harness.model.label); model.name where the config cannot say more
+    (validation reports what is wrong with it, once, later)."""
+    from omegaconf import OmegaConf
+
+    from harness.model import label
+
+    try:
+        return label(ModelConfig(**OmegaConf.to_container(model, resolve=True)))
+    except Exception:  # any bad value: the plan's validation names it in one line
+        return str(model.get("name"))
+
+
 def register() -> None:
+    from omegaconf import OmegaConf
+
     from harness.config.mixers import register_resolver
 
     register_resolver()
+    if not OmegaConf.has_resolver("model_label"):
+        OmegaConf.register_new_resolver("model_label", model_label)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for name in TASKS:

@@ -442,8 +442,10 @@ def _evaluate_val(r: Run, step: int) -> str | None:
            **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}}
     r.metrics.write(row)
     if r.eval_lines:
-        print(f"[harness] step {step}/{tr.max_steps}: train loss {loop.last_loss:.3f}, val accuracy "
-              f"{row['accuracy']:.3f}, val loss {row['loss']:.3f}", flush=True)
+        # the train loss is a mean over trainer.log_every steps: none yet before the first of them
+        train = "" if math.isnan(loop.last_loss) else f"train loss {loop.last_loss:.3f}, "
+        print(f"[harness] step {step}/{tr.max_steps}: {train}val accuracy {row['accuracy']:.3f}, "
+              f"val loss {row['loss']:.3f}", flush=True)
     r.logger.log({f"eval/{k}": v for k, v in row.items() if k != "step"}, step=step)
     r.bar.set_postfix(loss=f"{loop.last_loss:.3f}", acc=f"{loop.last_eval['accuracy']:.3f}")
     loop.record_eval(step, loop.last_eval["accuracy"], loop.last_eval["loss"], float(tr.min_delta))
