@@ -184,3 +184,16 @@ def test_a_jacobian_estimate_names_no_head():
     assert {r["head"] for r in rows if r["layer"] == 1} == {None}
     assert all(r["heads_merged"] for r in rows if r["layer"] == 1)
     assert {r["head"] for r in rows if r["layer"] == 0} == {0, 1}
+
+
+def test_the_hybrid_and_ablation_keys_at_their_defaults_leave_a_plain_runs_hash_as_it_was():
+    from harness.config.digest import flat_hash
+
+    before = {"mode": "train", "model.name": "elu", "model.d_model": 64, "seed": 0}  # a run's flat config before them
+    now = dict(before, **{"model.layers": None, "model.attn_every": None, "model.attn": "softmax",
+                          "ablate.examples": 256, "ablate.kinds": ["zero", "mean"], "sweep.max_jobs": 100000})
+    assert flat_hash(now) == flat_hash(before)  # finished sweeps are still found by their skip check
+    assert flat_hash(dict(now, **{"model.attn_every": 2})) != flat_hash(dict(now, **{"model.attn_every": 2,
+                                                                                      "model.attn": "swa"}))
+    ablate = dict(now, mode="ablate")
+    assert flat_hash(ablate) != flat_hash(dict(ablate, **{"ablate.examples": 128}))

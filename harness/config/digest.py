@@ -19,7 +19,11 @@ _HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ck
                  "trainer.resume", "logger.", "sweep.")
 # Keys added after results were first written: at their default (None) they stay out of the
 # hash, so existing results keep their hash and a rerun of their sweep still finds them.
-_HASH_IF_SET = ("model.decay", "model.window")
+_HASH_IF_SET = ("model.decay", "model.window", "model.layers", "model.attn_every")
+# Keys that matter only beside another: a hybrid's attention slot only where model.attn_every
+# places one; the ablation's settings only in mode=ablate (a training run computes nothing of them).
+_HASH_ONLY_WITH = {"model.attn": lambda flat: flat.get("model.attn_every") is not None,
+                   "ablate.": lambda flat: flat.get("mode") == "ablate"}
 
 
 def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -40,9 +44,12 @@ def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
 
 def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
     """The flat config entries that say what a run computes (those the hash covers)."""
+    def applies(key: str) -> bool:
+        return all(when(flat) for prefix, when in _HASH_ONLY_WITH.items() if key == prefix or key.startswith(prefix))
+
     return {k: v for k, v in flat.items()
             if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)
-            and not (k in _HASH_IF_SET and v is None)}
+            and not (k in _HASH_IF_SET and v is None) and applies(k)}
 
 
 def flat_hash(flat: dict[str, Any]) -> str:
