@@ -162,8 +162,10 @@ def layer_memory(mixer: nn.Module, d_model: int, sequence_length: int) -> dict:
     heads = head_count(mixer)
     d_head = member(mixer, "d_head") or (d_model // heads if heads and d_model % heads == 0 else None)
     elements = state_size(mixer, sequence_length)
+    longer = state_size(mixer, 2 * sequence_length)  # a window's cache stops growing at the window
     return {"mixer": built_with(mixer).get("mixer", type(mixer).__qualname__),
             "kind": memory_kind(mixer, sequence_length), "elements": elements, "n_heads": heads,
+            "grows": None if elements is None or longer is None else longer > elements,
             "elements_per_head": elements // heads if elements is not None and heads else None,
             "d_head": d_head, "d_key": member(mixer, "d_key")}
 

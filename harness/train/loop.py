@@ -162,7 +162,8 @@ def memory_lines(memory: dict[str, Any]) -> list[str]:
         per = ", ".join(f"{r['layer']}: {r['elements_per_head']:,}/head x {r['n_heads']}"
                         if r["elements_per_head"] is not None else f"{r['layer']}: {r['elements']:,}" for r in rows)
         total = memory[f"{kind}_elements"]
-        lines.append(f"{what} {total:,} elements{' (grows with length)' if kind == 'kv_cache' else ''} "
+        grows = " (grows with length)" if any(r.get("grows") for r in rows) else ""
+        lines.append(f"{what} {total:,} elements{grows} "
                      f"(layer {per})")
     return lines
 
