@@ -3,20 +3,30 @@
 Left: recall against the attention layers of a stack (none, one at each position, two, all),
 one line per recurrent mixer, each seed a dot. Right: recall against the model's total decoding
 memory (summary.state_bytes: the recurrent state plus the attention layers' KV cache at the
-evaluated length), so the trade is visible: every attention layer buys recall with a cache that
-grows with length. The stack is read off each run's model label (harness.model.label:
-gated_deltanet*3+softmax); the attention slots are those named in ATTENTION.
+evaluated length), pooled over the positions of the attention layers, so the trade is visible:
+every attention layer buys recall with a cache that grows with length. The stack is read off
+each run's model label (harness.model.label: gated_deltanet*3+softmax); the attention slots are
+those named in ATTENTION. The all-attention stack is every recurrent mixer's last point.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.plots.common import MissingData, new_figure
+from analysis import stats
+from analysis.plots import FigureSpec
+from analysis.plots.common import (MissingData, caption, draw_estimates, figure, legend_outside, new_figure, palette,
+                                   plain_log_axes, require, table)
+from analysis.plots.palette import mixer_markers
+
+# What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
+FIGURES = (
+    FigureSpec("hybrid", "hybrid", "hybrid_figure", notebook="nb_hybrid", tables=("hybrid", "hybrid_memory")),
+)
 
 ATTENTION = ("softmax", "swa")
 ACCURACY, MEMORY = "summary.accuracy", "summary.state_bytes"
+ALL = "all"
 
 
 def slots(label: str) -> list[str]:
@@ -29,44 +39,90 @@ def slots(label: str) -> list[str]:
 
 
 def stack_columns(runs: pd.DataFrame) -> pd.DataFrame:
-    """runs with `recurrent` (the stack's recurrent mixer, or the attention mixer of an all-
-    attention stack), `n_attn`, and `pattern` (which layers are attention: "none", "1@2", "2", ...)."""
+    """runs with `recurrent` (the stack's recurrent mixer; None for an all-attention stack),
+    `n_attn`, `depth` and `pattern` (which layers are attention: "none", "1@2", "2@1,3", "all")."""
     rows = []
     for label in runs["model"]:
         names = slots(label)
         attn = [i for i, n in enumerate(names) if n in ATTENTION]
         other = [n for n in names if n not in ATTENTION]
-        pattern = "none" if not attn else f"1@{attn[0]}" if len(attn) == 1 else str(len(attn))
-        rows.append({"recurrent": other[0] if other else "attention only", "n_attn": len(attn),
-                     "depth": len(names), "pattern": pattern})
+        pattern = ("none" if not attn else ALL if len(attn) == len(names)
+                   else f"{len(attn)}@{','.join(map(str, attn))}")
+        rows.append({"recurrent": other[0] if other else None, "n_attn": len(attn), "depth": len(names),
+                     "pattern": pattern})
     return pd.concat([runs.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
 
 
-def hybrid_figure(runs: pd.DataFrame) -> Figure:
-    """The figure from the loader's runs frame (analysis.loader.load_results(path))."""
-    if runs.empty or not {"model", ACCURACY} <= set(runs.columns):
-        raise MissingData("no hybrid runs (model, summary.accuracy)")
-    data = stack_columns(runs[runs["mode"].eq("train")] if "mode" in runs.columns else runs)
-    order = sorted(data["pattern"].unique(), key=lambda p: (p != "none", len(p) > 1 and "@" not in p, p))
-    fig, (left, right) = new_figure(1, 2, panel=(4.6, 3.4))
-    x = {p: i for i, p in enumerate(order)}
-    pure = data[data["n_attn"] == data["depth"]]
-    for name, group in data[data["n_attn"] < data["depth"]].groupby("recurrent"):
-        # an all-attention stack is the same point for every recurrent mixer: drawn with each
-        group = pd.concat([group, pure])
-        xs = group["pattern"].map(x).to_numpy(dtype=float)
-        line = left.plot(sorted(set(xs)), group.groupby(xs)[ACCURACY].mean().to_numpy(), marker="o", label=name)[0]
-        left.scatter(xs, group[ACCURACY], s=10, alpha=0.5, color=line.get_color())
-        if MEMORY in group.columns:
-            right.scatter(group[MEMORY], group[ACCURACY], s=14, color=line.get_color(), label=name)
-    left.set_xticks(range(len(order)), order)
-    left.set_xlabel("attention layers (1@i: one, at layer i)")
+def hybrid_rows(data: pd.DataFrame) -> pd.DataFrame:
+    """Finished training runs of stacks, one row per run, with their stack columns; the all-
+    attention stack's runs repeated under each recurrent mixer (the end point of every line)."""
+    runs = table(data, "runs", primary=True)
+    if "mode" in runs.columns:
+        runs = runs[runs["mode"] == "train"]
+    runs = stack_columns(require(runs, ["model", ACCURACY], "hybrid runs (model, summary.accuracy)"))
+    mixed = runs[runs["recurrent"].notna()]
+    if mixed.empty:
+        raise MissingData("no hybrid runs with a recurrent layer")
+    pure = runs[runs["recurrent"].isna()]
+    return pd.concat([mixed] + [pure.assign(recurrent=r) for r in mixed["recurrent"].unique()], ignore_index=True)
+
+
+def pattern_order(patterns) -> list[str]:
+    """none, then one attention layer at each position, then more, then all."""
+    def key(p):
+        if p == "none":
+            return (0, "")
+        if p == ALL:
+            return (99, "")
+        count, _, where = p.partition("@")
+        return (int(count), where)
+    return sorted(set(patterns), key=key)
+
+
+def hybrid_points(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(by recurrent mixer and pattern, by recurrent mixer and number of attention layers) of
+    hybrid_rows: n, mean, interval and seeds of the test recall (analysis.stats), with each
+    point's mean decoding memory (bytes) where the runs report it."""
+    memory = MEMORY in rows.columns and rows[MEMORY].notna().any()
+    out = []
+    for by in (["recurrent", "pattern", "n_attn"], ["recurrent", "n_attn"]):
+        pts = stats.summarize(rows, by, ACCURACY, bounds=(0.0, 1.0))
+        if memory:
+            pts = pts.merge(rows.groupby(by)[MEMORY].mean().rename("memory_bytes").reset_index(), on=by, how="left")
+        out.append(pts)
+    return out[0], out[1]
+
+
+@figure("hybrid")
+def hybrid_figure(data) -> Figure:
+    """Recall by where the attention layers sit (left) and by decoding memory (right)."""
+    rows = hybrid_rows(data)
+    by_pattern, by_count = hybrid_points(rows)
+    order = pattern_order(by_pattern["pattern"])
+    colors = palette(by_pattern["recurrent"])
+    markers = mixer_markers(colors)
+    fig, (left, right) = new_figure(1, 2, panel=(4.4, 3.4), legend=1.6)
+    draw_estimates(left, by_pattern.assign(x=by_pattern["pattern"].map({p: i for i, p in enumerate(order)})),
+                   "x", colors, markers, key="recurrent")
+    left.set_xticks(range(len(order)), order, fontsize="x-small")
+    left.set_xlabel("attention layers (k@i: k of them, at layers i)")
     left.set_ylabel("recall accuracy (test)")
     left.set_ylim(-0.02, 1.02)
-    right.set_xscale("log")
-    right.set_xlabel("decoding memory: state + KV cache (bytes)")
-    right.set_ylim(-0.02, 1.02)
-    left.legend(fontsize=7)
-    if not np.isfinite(right.get_xlim()).all():
+    if "memory_bytes" in by_count.columns and by_count["memory_bytes"].notna().any():
+        draw_estimates(right, by_count.rename(columns={"memory_bytes": "memory"}).dropna(subset=["memory"]),
+                       "memory", colors, markers, key="recurrent", log_x=True)
+        right.set_xscale("log")
+        plain_log_axes(right, "x")
+        right.set_xlabel("decoding memory: state + KV cache (bytes)")
+        right.set_ylabel("recall accuracy (test, over positions)")
+        right.set_ylim(-0.02, 1.02)
+    else:
         right.set_visible(False)
+    legend_outside(fig, left)
+    depth = int(rows["depth"].max())
+    caption(fig, f"Hybrid stacks of {depth} layers: recall against the number and position of attention "
+                 "layers, and against decoding memory", by_pattern, by_count,
+            extra="right: each point pools the positions of its attention layers; memory is the recurrent "
+                  "state plus the KV cache at the evaluated length", legend=1.6)
+    fig.tables = {"hybrid": by_pattern, "hybrid_memory": by_count}
     return fig
