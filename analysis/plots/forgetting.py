@@ -31,7 +31,8 @@ FIGURES = (
     FigureSpec("forgetting", "forgetting", "forgetting_figure", notebook="nb_forgetting",
                tables=("forgetting", "forgetting_by_age", "forgetting_gap")),
     # the delta rule against its additive control where Schlag et al. measured it (re-assignment)
-    FigureSpec("reassignment", "reassignment", "reassignment_figure", tables=("reassignment", "reassignment_rule")),
+    FigureSpec("reassignment", "reassignment", "reassignment_figure", notebook="nb_reassignment",
+               tables=("reassignment", "reassignment_rule")),
 )
 
 KIND = {0: "untouched (written once)", 1: "overwritten (latest of two)"}
