@@ -110,16 +110,22 @@ sys.path.insert(0, "tests/fixtures")
 import make_results
 
 results = make_results.write_results_tree(Path("results"))
-for path in sorted(results.rglob("results.json")):
+paths = sorted(results.rglob("results.json"))
+models = {}  # each sweep's runs of one mixer become the new mixer's: elu's, or its first mixer's
+for path in paths:
+    models.setdefault(path.relative_to(results).parts[0], set()).add(json.loads(path.read_text()).get("model"))
+twin_of = {sweep: "elu" if "elu" in names else min(n for n in names if n) for sweep, names in models.items()}
+for path in paths:
     payload = json.loads(path.read_text())
-    if payload.get("model") != "elu":
+    if payload.get("model") != twin_of[path.relative_to(results).parts[0]]:
         continue
     twin = path.parent.with_name(f"throwaway-{path.parent.name}")
     shutil.copytree(path.parent, twin)
     payload["model"] = payload["config"]["model.name"] = "throwaway"
     (twin / "results.json").write_text(json.dumps(payload))
     saved = twin / ".hydra" / "config.yaml"
-    saved.write_text(saved.read_text().replace("name: elu", "name: throwaway"))
+    saved.write_text(saved.read_text().replace(f"name: {twin_of[path.relative_to(results).parts[0]]}",
+                                               "name: throwaway"))
 
 from analysis import figures
 

@@ -9,7 +9,7 @@ import pytest
 
 from analysis.loader import load_results
 from analysis.pipeline import compose_experiment, sweep_params
-from harness.config.compose import CONF_DIR, compose_config
+from harness.config.compose import CONF_DIR, compose_config, sweep_values
 from harness.run import wandb_sweeps
 
 TINY = ["task=recall", "trainer=debug", "logger=none", "trainer.measure=false",
@@ -93,14 +93,14 @@ def test_wandb_sweep_file_is_its_paper_experiment_and_its_commands_compose(name,
     assert sweep == wandb_sweeps.from_experiment(name)  # the file reads back as what was written
     commands = wandb_sweeps.expand(sweep)
     grid = compose_experiment("paper", name).hydra.sweeper.params
-    assert len(commands) == math.prod(len(str(v).split(",")) for v in grid.values())
+    assert len(commands) == math.prod(len(sweep_values(str(k), str(v))) for k, v in grid.items())
     assert all(f"+experiment=paper/{name}" in c and "logger=wandb" in c for c in commands)
     for run in covering(sweep):
         overrides = wandb_sweeps.expand({"parameters": run})[0]
         cfg = compose_config(overrides)  # raises on any invalid key, value or combination
         assert cfg.logger.name == "wandb" and cfg.logger.mode == "online"
     models = {c.split("=", 1)[1] for run in commands for c in run if c.startswith("model=")}
-    assert models == set(sweep_params("paper", name)["model"])  # every mixer of the experiment
+    assert models == set(sweep_params("paper", name).get("model", ()))  # every mixer of the experiment
 
 
 def test_every_paper_experiment_but_cost_is_a_wandb_sweep():

@@ -66,7 +66,7 @@ def time_default_run(overrides: list[str], threads: int) -> dict[str, Any]:
 def default_run_cost(overrides: list[str] | None = None, *, rounds: int = 1, device: str = "cpu") -> dict[str, Any]:
     """The default run's process time over the bare loop's time for the same steps, medians of
     `rounds` alternating runs of each."""
-    from harness.bench.loop import loop_config, time_bare_loop
+    from harness.bench.loop import loop_plan, time_bare_loop
     from harness.bench.timing import median
 
     overrides = list(overrides or [])
@@ -77,9 +77,9 @@ def default_run_cost(overrides: list[str] | None = None, *, rounds: int = 1, dev
         for _ in range(rounds):
             runs.append(time_default_run([*overrides, f"trainer.device={device}"], threads))
             with tempfile.TemporaryDirectory(prefix="harness-bench-run-") as tmp:
-                cfg = loop_config(overrides, runs[-1]["steps"], device, Path(tmp))
+                plan = loop_plan(overrides, runs[-1]["steps"], device, Path(tmp))
                 torch.use_deterministic_algorithms(device == "cpu", warn_only=True)  # as the run has them
-                bare.append(runs[-1]["steps"] / time_bare_loop(cfg, runs[-1]["steps"]))
+                bare.append(runs[-1]["steps"] / time_bare_loop(plan, runs[-1]["steps"]))
     finally:
         torch.use_deterministic_algorithms(deterministic)
     parts = {k: median([r["parts"][k] for r in runs]) for k in runs[0]["parts"]}

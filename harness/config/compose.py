@@ -154,5 +154,19 @@ def compose_experiment(name: str, overrides=()):
 def experiment_grid(name: str) -> dict[str, list[str]]:
     """The grid of the experiment file `name`: each swept key and its values, as the sweeper reads them."""
     params = compose_experiment(name).hydra.sweeper.params or {}
-    return {str(k): [v.strip() for v in str(v).split(",")] for k, v in params.items()}
+    return {str(k): sweep_values(str(k), str(v)) for k, v in params.items()}
+
+
+def sweep_values(key: str, value: str) -> list[str]:
+    """One sweeper parameter's values as override strings: a plain list as written ("1e-3,3e-3"
+    stays so, as result folders name it); choice(), range() and list values ("choice([a,b],[c])")
+    through Hydra's own override grammar, which knows where a value ends."""
+    if not any(c in value for c in "([{"):
+        return [v.strip() for v in value.split(",")]
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    override = OverridesParser.create().parse_override(f"{key}={value}")
+    if override.is_sweep_override():
+        return list(override.sweep_string_iterator())
+    return [override.get_value_element_as_str()]
 
