@@ -152,7 +152,11 @@ def label(cfg: ModelConfig) -> str:
     with repeats counted (gated_deltanet*3+softmax)."""
     if not is_hybrid(cfg):
         return cfg.name
-    names = [slot.name for slot in layer_configs(cfg)]
+    return stack_label([slot.name for slot in layer_configs(cfg)])
+
+
+def stack_label(names: list[str]) -> str:
+    """Mixer names of consecutive layers, repeats counted: gated_deltanet*3+softmax."""
     runs: list[list] = []
     for name in names:
         if runs and runs[-1][0] == name:

@@ -1,4 +1,5 @@
 """Shared test set-up: no network, no GPU assumptions, small thread counts."""
+import contextlib
 import os
 
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -72,3 +73,24 @@ def cut_at_first_evaluation(monkeypatch, overrides: list[str]):
         run_job(cfg)
     monkeypatch.undo()
     return cfg
+
+
+@contextlib.contextmanager
+def tmpfs(where, options: str):
+    """A tmpfs mounted at `where` with mount `options` ("size=1m", "ro,size=64k") for the body,
+    unmounted after; pytest.skip where mounting is not allowed (needs root and a machine that
+    allows mounts)."""
+    import subprocess
+
+    where.mkdir(exist_ok=True)
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                                 capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        mounted = False
+    if not mounted:
+        pytest.skip(f"cannot mount a tmpfs ({options}) here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)

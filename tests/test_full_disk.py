@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import pytest
 import torch
-from conftest import cut_at_first_evaluation
+from conftest import cut_at_first_evaluation, tmpfs
 
 from harness.config.compose import compose_config
 from harness.outputs import checkpoint
@@ -35,17 +34,8 @@ def keep_threads():
 @pytest.fixture
 def small_disk(tmp_path):
     """A 3 MB tmpfs at tmp_path/disk; skipped where mounting is not allowed."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)],
-                                 capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        mounted = False
-    if not mounted:
-        pytest.skip("cannot mount a tmpfs here (needs root and a machine that allows mounts)")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+    with tmpfs(tmp_path / "disk", "size=3m") as where:
+        yield where
 
 
 def fill(disk, leave: int) -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import tmpfs
 
 QUICK = ["trainer=debug", "logger=none", "trainer.measure=false", "trainer.threads=1"]
 
@@ -23,15 +24,8 @@ def read_only(tmp_path):
         yield place
         place.chmod(0o755)
         return
-    try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(place)],
-                                 capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        mounted = False
-    if not mounted:
-        pytest.skip("cannot mount a read-only tmpfs here")
-    yield place
-    subprocess.run(["umount", "-l", str(place)], capture_output=True, timeout=30)
+    with tmpfs(place, "ro,size=64k"):
+        yield place
 
 
 def _one_line(proc, starts: str) -> str:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_results
+from conftest import make_results, tmpfs
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = ["--only", "induction"]
@@ -135,17 +135,8 @@ def test_a_killed_first_figure_command_leaves_no_partial_file(reference, tmp_pat
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MB tmpfs at tmp_path/disk; skipped where mounting is not allowed."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                                 capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        mounted = False
-    if not mounted:
-        pytest.skip("cannot mount a tmpfs here (needs root and a machine that allows mounts)")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+    with tmpfs(tmp_path / "disk", "size=1m") as where:
+        yield where
 
 
 def test_a_full_disk_while_writing_figures_is_one_line(reference, small_disk):
