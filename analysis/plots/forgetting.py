@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -160,7 +161,9 @@ def reassignment_figure(data) -> Figure:
     for offset, kind in ((-0.2, KIND[0]), (0.2, KIND[1])):
         draw_bars(left, per_kind[per_kind["key"] == kind], order, colors, offset=offset, width=0.4,
                   color_of=lambda _lab, kind=kind: shade[kind], label=kind)
-    left.tick_params(axis="x", labelrotation=30)
+    # a mixer's name above its rule: side by side they run into the next mixer's at any slant
+    left.set_xticks(range(len(order)), [lab.replace(" ", "\n") for lab in order], rotation=0,
+                  fontsize="small")
     left.set(ylim=(0, 1.05), xlabel="mixer", ylabel="recall accuracy (fraction of queries)",
              title="re-assigned keys beyond N = d")
     rules = rule_table(kinds)
@@ -170,7 +173,9 @@ def reassignment_figure(data) -> Figure:
         shown = rules[rules["key"] == KIND[1]].reset_index(drop=True)
         for i, row in shown.iterrows():
             right.scatter([i], [row["mean"]], color="0.2", zorder=3)
-            right.scatter([i] * len(stats.seed_values(row)), stats.seed_values(row), s=9, color="0.5", linewidths=0)
+            seeds = stats.seed_values(row)
+            # the seeds beside the mean, spread apart, so that neither the mean nor a like seed hides one
+            right.scatter(i + np.linspace(0.1, 0.25, len(seeds)), seeds, s=9, color="0.5", linewidths=0)
             if math.isfinite(row["low"]):
                 right.errorbar([i], [row["mean"]], yerr=[[row["mean"] - row["low"]], [row["high"] - row["mean"]]],
                                fmt="none", ecolor="0.1", capsize=3)

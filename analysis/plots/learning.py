@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.transforms import offset_copy
+from scipy.cluster.hierarchy import fclusterdata
 
 from analysis import stats
 from analysis.plots import FigureSpec
@@ -119,6 +121,25 @@ def steps_to(rows: pd.DataFrame, runs: pd.DataFrame | None = None, threshold: fl
     return pd.DataFrame(out)
 
 
+END_STEP = 3.0  # points between the stop symbols of runs that end at one point
+NEAR = 0.02  # ends closer than this (fraction of the steps' range, of accuracy) count as one point
+
+
+def end_offsets(rows: pd.DataFrame) -> dict:
+    """Per run_dir, its stop symbol's shift along x in points: runs ending at the same step and
+    accuracy (seeds that stop together, mixers that all reach 1) sit side by side, centred on
+    the point, rather than one symbol hidden under the next."""
+    ends = rows.sort_values("step").groupby("run_dir", sort=False).tail(1)
+    # "one point" as drawn: ends chained within NEAR of the steps' range and of the accuracy axis
+    at = np.column_stack([ends["step"] / (ends["step"].max() or 1.0), ends["accuracy"]]).astype(float)
+    near = fclusterdata(at, NEAR, criterion="distance", metric="chebyshev", method="single") if len(at) > 1 else [1]
+    out = {}
+    for _, same in ends.groupby(np.asarray(near), sort=False):
+        for k, run_dir in enumerate(same["run_dir"]):
+            out[run_dir] = (k - (len(same) - 1) / 2) * END_STEP
+    return out
+
+
 @figure("learning")
 def learning_figure(data) -> Figure:
     """Validation accuracy against step per mixer: every seed, the mean, the stops; a panel per task."""
@@ -134,14 +155,17 @@ def learning_figure(data) -> Figure:
         part = rows[rows["panel"] == panel]
         colors, _ = label_styles(part)
         styles.update(colors)
-        for label in [lab for lab in label_order(part) if lab in shown]:
+        labels = [lab for lab in label_order(part) if lab in shown]
+        beside = end_offsets(part[part["label"].isin(labels)])
+        for label in labels:
             color = colors[label]
-            for _, run in part[part["label"] == label].groupby("run_dir"):
+            for run_dir, run in part[part["label"] == label].groupby("run_dir"):
                 run = run.sort_values("step")
                 ax.plot(run["step"], run["accuracy"], color=color, lw=0.6, alpha=0.45)
                 reason = run[STOP].iat[0] if STOP in run.columns else None
                 ax.plot(run["step"].iat[-1], run["accuracy"].iat[-1], ls="", color=color, ms=5,
-                        marker=STOP_MARKERS.get(reason, "."))
+                        marker=STOP_MARKERS.get(reason, "."),
+                        transform=offset_copy(ax.transData, fig=fig, x=beside[run_dir], units="points"))
             mean = summary[(summary["panel"] == panel) & (summary["label"] == label)].sort_values("step")
             ax.plot(mean["step"], mean["mean"], color=color, lw=1.8, label=label)
             band = mean[np.isfinite(mean["low"].astype(float))]
