@@ -29,9 +29,13 @@ LIMIT = "24GiB"  # the issue's machine, whatever this one has
 
 
 # `python -m harness` that writes its own peak resident memory (KiB) to the file named first.
-PEAK = ("import resource, runpy, sys\nout, sys.argv = sys.argv[1], ['harness', *sys.argv[2:]]\ntry:\n"
+# The process's own peak (VmHWM, KiB): its address space's high-water mark, made anew at exec.
+# getrusage's ru_maxrss would not do: a forked child keeps its parent's (a pytest worker grown
+# past 1 GiB would fail the bound for a process that never held anything).
+PEAK = ("import runpy, sys\nout, sys.argv = sys.argv[1], ['harness', *sys.argv[2:]]\ntry:\n"
         "    runpy.run_module('harness', run_name='__main__')\nfinally:\n"
-        "    open(out, 'w').write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))\n")
+        "    hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+        "    open(out, 'w').write(hwm.split()[1])\n")
 
 
 def harness(*overrides, limit=LIMIT, timeout=120, peak=None):
