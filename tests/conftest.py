@@ -94,3 +94,11 @@ def tmpfs(where, options: str):
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+def draw_figure(root, name: str):
+    """The figure `name` drawn from the results under `root`, as `python -m analysis.figures` draws it."""
+    from analysis import figures
+
+    spec = next(s for s in figures.FIGURES if s.name == name)
+    return spec.draw(figures.load_figure_data(root, spec))

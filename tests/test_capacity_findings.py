@@ -8,23 +8,20 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import make_results
+from conftest import draw_figure, make_results
 
-from analysis import figures
 from analysis.plots.capacity import (law_baseline_table, law_errors, log_odds, recalled_n, rests_on_lower_bounds,
                                      stop_table)
 
 
 @pytest.fixture(scope="module")
 def capacity(tree):
-    spec = next(s for s in figures.FIGURES if s.name == "capacity")
-    return spec.draw(figures.load_figure_data(tree, spec))
+    return draw_figure(tree, "capacity")
 
 
 @pytest.fixture(scope="module")
 def snr(tree):
-    spec = next(s for s in figures.FIGURES if s.name == "snr")
-    return spec.draw(figures.load_figure_data(tree, spec))
+    return draw_figure(tree, "snr")
 
 
 def test_points_from_runs_that_ended_at_max_steps_are_lower_bounds(capacity):

@@ -3,16 +3,14 @@ reassignment figure): the paired difference and its interval, on synthetic resul
 from __future__ import annotations
 
 import pytest
-from conftest import make_results
+from conftest import draw_figure, make_results
 
-from analysis import figures
 from analysis.plots.forgetting import KIND
 
 
 @pytest.fixture(scope="module")
 def drawn(tree):
-    spec = next(s for s in figures.FIGURES if s.name == "reassignment")
-    return spec.draw(figures.load_figure_data(tree, spec))
+    return draw_figure(tree, "reassignment")
 
 
 def test_the_rule_gains_where_it_replaces_and_ties_where_it_does_not(drawn):

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from conftest import draw_figure
 
-from analysis import figures
 from analysis.plots.sharpness import by_construction
 
 
 @pytest.fixture(scope="module")
 def drawn(tree):
-    spec = next(s for s in figures.FIGURES if s.name == "sharpness")
-    return spec.draw(figures.load_figure_data(tree, spec))
+    return draw_figure(tree, "sharpness")
 
 
 def test_a_one_by_construction_is_flagged_and_not_ranked(drawn):

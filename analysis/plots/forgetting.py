@@ -37,6 +37,7 @@ FIGURES = (
 )
 
 KIND = {0: "untouched (written once)", 1: "overwritten (latest of two)"}
+SHADE = {KIND[0]: "0.75", KIND[1]: "0.35"}  # bar colour of each kind of key
 
 
 def forgetting_points(data: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -80,17 +81,23 @@ def gap_table(kinds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _kind_bars(kinds: pd.DataFrame):
+    """A two-panel figure whose left panel bars each mixer's accuracy on untouched and
+    overwritten keys: (fig, (left, right), mixer order, (colors, markers), the per-kind table)."""
+    order = label_order(kinds)
+    styles = label_styles(kinds)
+    fig, axes = new_figure(1, 2, panel=(4.6, 3.4), legend=1.8)
+    per_kind = forgetting_table(kinds)
+    for offset, kind in ((-0.2, KIND[0]), (0.2, KIND[1])):
+        draw_bars(axes[0], per_kind[per_kind["key"] == kind], order, styles[0], offset=offset, width=0.4,
+                  color_of=lambda _lab, kind=kind: SHADE[kind], label=kind)
+    return fig, axes, order, styles, per_kind
+
+
 @figure("forgetting")
 def forgetting_figure(data) -> Figure:
     kinds, ages = forgetting_points(data)
-    order = label_order(kinds)
-    colors, markers = label_styles(kinds)
-    fig, (left, right) = new_figure(1, 2, panel=(4.6, 3.4), legend=1.8)
-    per_kind = forgetting_table(kinds)
-    shade = {KIND[0]: "0.75", KIND[1]: "0.35"}
-    for offset, kind in ((-0.2, KIND[0]), (0.2, KIND[1])):
-        draw_bars(left, per_kind[per_kind["key"] == kind], order, colors, offset=offset, width=0.4,
-                  color_of=lambda _lab, kind=kind: shade[kind], label=kind)
+    fig, (left, right), order, (colors, markers), per_kind = _kind_bars(kinds)
     left.tick_params(axis="x", labelrotation=90)
     left.set(ylim=(0, 1.05), xlabel="mixer", ylabel="recall accuracy (fraction of queries)",
              title="Overwritten against untouched keys")
@@ -103,7 +110,7 @@ def forgetting_figure(data) -> Figure:
         log2_axis(right, ages["value"])
     right.set(ylim=(0, 1.05), xlabel="age of the key's last write (tokens, power-of-two bins)",
               ylabel="recall accuracy (fraction of queries)", title="by age of the last write")
-    kinds_handles = [Patch(facecolor=shade[k], alpha=0.55, edgecolor=shade[k]) for k in (KIND[0], KIND[1])]
+    kinds_handles = [Patch(facecolor=SHADE[k], alpha=0.55, edgecolor=SHADE[k]) for k in (KIND[0], KIND[1])]
     fig.legend(mixer_handles(colors, markers) + kinds_handles, list(colors) + [KIND[0], KIND[1]],
                loc="outside right upper", fontsize="small", frameon=False)
     caption(fig, "Forgetting: the latest value of a key written twice", per_kind, by_age, legend=1.8,
@@ -153,14 +160,7 @@ def reassignment_figure(data) -> Figure:
     overwritten and untouched keys per mixer (each seed, mean, interval), and the paired
     difference delta - additive per mixer."""
     kinds, _ = forgetting_points(data)
-    order = label_order(kinds)
-    colors, markers = label_styles(kinds)
-    fig, (left, right) = new_figure(1, 2, panel=(4.6, 3.4), legend=1.8)
-    per_kind = forgetting_table(kinds)
-    shade = {KIND[0]: "0.75", KIND[1]: "0.35"}
-    for offset, kind in ((-0.2, KIND[0]), (0.2, KIND[1])):
-        draw_bars(left, per_kind[per_kind["key"] == kind], order, colors, offset=offset, width=0.4,
-                  color_of=lambda _lab, kind=kind: shade[kind], label=kind)
+    fig, (left, right), order, (colors, markers), per_kind = _kind_bars(kinds)
     # a mixer's name above its rule: side by side they run into the next mixer's at any slant
     left.set_xticks(range(len(order)), [lab.replace(" ", "\n") for lab in order], rotation=0,
                   fontsize="small")
@@ -183,7 +183,7 @@ def reassignment_figure(data) -> Figure:
         right.set_xticks(range(len(shown)), shown["model"])
     right.set(xlabel="mixer", ylabel="delta - additive on overwritten keys (accuracy)",
               title="the rule's own effect (paired by seed)")
-    kinds_handles = [Patch(facecolor=shade[k], alpha=0.55, edgecolor=shade[k]) for k in (KIND[0], KIND[1])]
+    kinds_handles = [Patch(facecolor=SHADE[k], alpha=0.55, edgecolor=SHADE[k]) for k in (KIND[0], KIND[1])]
     fig.legend(mixer_handles(colors, markers) + kinds_handles, list(colors) + [KIND[0], KIND[1]],
                loc="outside right upper", fontsize="small", frameon=False)
     caption(fig, "Re-assignment: the delta rule against its additive control", per_kind, legend=1.8,
