@@ -132,7 +132,7 @@ def end_offsets(rows: pd.DataFrame) -> dict:
     ends = rows.sort_values("step").groupby("run_dir", sort=False).tail(1)
     # "one point" as drawn: ends chained within NEAR of the steps' range and of the accuracy axis
     at = np.column_stack([ends["step"] / (ends["step"].max() or 1.0), ends["accuracy"]]).astype(float)
-    near = fclusterdata(at, NEAR, criterion="distance", metric="chebyshev", method="single") if len(at) > 1 else [1]
+    near = fclusterdata(at, NEAR, criterion="distance", metric="chebyshev", method="single") if len(at) > 1 else np.ones(len(at))
     out = {}
     for _, same in ends.groupby(np.asarray(near), sort=False):
         for k, run_dir in enumerate(same["run_dir"]):
