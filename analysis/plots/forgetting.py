@@ -94,6 +94,13 @@ def _kind_bars(kinds: pd.DataFrame):
     return fig, axes, order, styles, per_kind
 
 
+def _kind_handles(per_kind: pd.DataFrame) -> tuple[list, list]:
+    """Legend patches of the kinds of key the bars show: a sweep where every key is written twice
+    (re-assignment) has no untouched bar, and its legend names none."""
+    present = [k for k in (KIND[0], KIND[1]) if k in set(per_kind["key"])]
+    return [Patch(facecolor=SHADE[k], alpha=0.55, edgecolor=SHADE[k]) for k in present], present
+
+
 @figure("forgetting")
 def forgetting_figure(data) -> Figure:
     kinds, ages = forgetting_points(data)
@@ -110,8 +117,8 @@ def forgetting_figure(data) -> Figure:
         log2_axis(right, ages["value"])
     right.set(ylim=(0, 1.05), xlabel="age of the key's last write (tokens, power-of-two bins)",
               ylabel="recall accuracy (fraction of queries)", title="by age of the last write")
-    kinds_handles = [Patch(facecolor=SHADE[k], alpha=0.55, edgecolor=SHADE[k]) for k in (KIND[0], KIND[1])]
-    fig.legend(mixer_handles(colors, markers) + kinds_handles, list(colors) + [KIND[0], KIND[1]],
+    handles, labels = _kind_handles(per_kind)
+    fig.legend(mixer_handles(colors, markers) + handles, list(colors) + labels,
                loc="outside right upper", fontsize="small", frameon=False)
     caption(fig, "Forgetting: the latest value of a key written twice", per_kind, by_age, legend=1.8,
             extra="the gap (overwritten - untouched) is tested paired by seed (forgetting_gap.csv)")
@@ -183,9 +190,8 @@ def reassignment_figure(data) -> Figure:
         right.set_xticks(range(len(shown)), shown["model"])
     right.set(xlabel="mixer", ylabel="delta - additive on overwritten keys (accuracy)",
               title="the rule's own effect (paired by seed)")
-    kinds_handles = [Patch(facecolor=SHADE[k], alpha=0.55, edgecolor=SHADE[k]) for k in (KIND[0], KIND[1])]
-    fig.legend(mixer_handles(colors, markers) + kinds_handles, list(colors) + [KIND[0], KIND[1]],
-               loc="outside right upper", fontsize="small", frameon=False)
+    # the bars are shaded by kind of key, not coloured by mixer (each bar names its mixer below it)
+    fig.legend(*_kind_handles(per_kind), loc="outside right upper", fontsize="small", frameon=False)
     caption(fig, "Re-assignment: the delta rule against its additive control", per_kind, legend=1.8,
             extra="right: the difference of each seed's accuracies, its mean and interval "
                   "(reassignment_rule.csv names the method)")
