@@ -4,7 +4,9 @@ Left: recall against the attention layers of a stack (none, one at each position
 one line per recurrent mixer, each seed a dot. Right: recall against the model's total decoding
 memory (summary.state_bytes: the recurrent state plus the attention layers' KV cache at the
 evaluated length), pooled over the positions of the attention layers, so the trade is visible:
-every attention layer buys recall with a cache that grows with length. The stack is read off
+every attention layer buys recall with a cache that grows with length. Recall is read at the
+largest N the runs were tested at (summary.accuracy/num_pairs=<N>, where a sweep tests past its
+training N, as the quick one does to go past a pure stack's capacity), else summary.accuracy. The stack is read off
 each run's model label (harness.model.label: gated_deltanet*3+softmax); the attention slots are
 those named in ATTENTION. The all-attention stack is every recurrent mixer's last point.
 """
@@ -26,6 +28,7 @@ FIGURES = (
 
 ATTENTION = ("softmax", "swa")
 ACCURACY, MEMORY = "summary.accuracy", "summary.state_bytes"
+RECALL = "recall"  # hybrid_rows: the test recall the figure draws (hardest_setting)
 ALL = "all"
 
 
@@ -53,13 +56,28 @@ def stack_columns(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([runs.reset_index(drop=True), pd.DataFrame(rows)], axis=1)
 
 
+def hardest_setting(runs: pd.DataFrame) -> tuple[str, int | None]:
+    """The column of recall at the largest tested N (summary.accuracy/num_pairs=<N>) that every
+    run reports, and that N; (summary.accuracy, None) where the runs test one N only."""
+    prefix = ACCURACY + "/num_pairs="
+    tested = {int(c[len(prefix):]): c for c in runs.columns
+              if c.startswith(prefix) and c[len(prefix):].isdigit() and runs[c].notna().all()}
+    if len(tested) < 2:
+        return ACCURACY, None
+    n = max(tested)
+    return tested[n], n
+
+
 def hybrid_rows(data: pd.DataFrame) -> pd.DataFrame:
-    """Finished training runs of stacks, one row per run, with their stack columns; the all-
-    attention stack's runs repeated under each recurrent mixer (the end point of every line)."""
+    """Finished training runs of stacks, one row per run, with their stack columns and `recall`
+    (hardest_setting's); the all-attention stack's runs repeated under each recurrent mixer (the
+    end point of every line)."""
     runs = table(data, "runs", primary=True)
     if "mode" in runs.columns:
         runs = runs[runs["mode"] == "train"]
-    runs = stack_columns(require(runs, ["model", ACCURACY], "hybrid runs (model, summary.accuracy)"))
+    runs = require(runs, ["model", ACCURACY], "hybrid runs (model, summary.accuracy)")
+    column, n = hardest_setting(runs)
+    runs = stack_columns(runs.assign(recall=runs[column], recall_num_pairs=n))
     mixed = runs[runs["recurrent"].notna()]
     if mixed.empty:
         raise MissingData("no hybrid runs with a recurrent layer")
@@ -81,12 +99,12 @@ def pattern_order(patterns) -> list[str]:
 
 def hybrid_points(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(by recurrent mixer and pattern, by recurrent mixer and number of attention layers) of
-    hybrid_rows: n, mean, interval and seeds of the test recall (analysis.stats), with each
+    hybrid_rows: n, mean, interval and seeds of the test recall (`recall`, analysis.stats), with each
     point's mean decoding memory (bytes) where the runs report it."""
     memory = MEMORY in rows.columns and rows[MEMORY].notna().any()
     out = []
     for by in (["recurrent", "pattern", "n_attn"], ["recurrent", "n_attn"]):
-        pts = stats.summarize(rows, by, ACCURACY, bounds=(0.0, 1.0))
+        pts = stats.summarize(rows, by, RECALL, bounds=(0.0, 1.0))
         if memory:
             pts = pts.merge(rows.groupby(by)[MEMORY].mean().rename("memory_bytes").reset_index(), on=by, how="left")
         out.append(pts)
@@ -106,7 +124,9 @@ def hybrid_figure(data) -> Figure:
                    "x", colors, markers, key="recurrent")
     left.set_xticks(range(len(order)), order, fontsize="x-small")
     left.set_xlabel("attention layers (k@i: k of them, at layers i)")
-    left.set_ylabel("recall accuracy (test)")
+    n = rows["recall_num_pairs"].dropna()
+    at = f" at N = {int(n.iloc[0])}" if len(n) else ""
+    left.set_ylabel(f"recall accuracy (test{at})")
     left.set_ylim(-0.02, 1.02)
     if "memory_bytes" in by_count.columns and by_count["memory_bytes"].notna().any():
         draw_estimates(right, by_count.rename(columns={"memory_bytes": "memory"}).dropna(subset=["memory"]),
@@ -114,7 +134,7 @@ def hybrid_figure(data) -> Figure:
         right.set_xscale("log")
         plain_log_axes(right, "x")
         right.set_xlabel("decoding memory: state + KV cache (bytes)")
-        right.set_ylabel("recall accuracy (test, over positions)")
+        right.set_ylabel(f"recall accuracy (test{at}, over positions)")
         right.set_ylim(-0.02, 1.02)
     else:
         right.set_visible(False)
