@@ -121,7 +121,7 @@ def hybrid_figure(data) -> Figure:
     markers = mixer_markers(colors)
     fig, (left, right) = new_figure(1, 2, panel=(4.4, 3.4), legend=1.6)
     draw_estimates(left, by_pattern.assign(x=by_pattern["pattern"].map({p: i for i, p in enumerate(order)})),
-                   "x", colors, markers, key="recurrent")
+                   "x", colors, markers, key="recurrent", connect=False)  # categories: no line between them
     left.set_xticks(range(len(order)), order, fontsize="x-small")
     left.set_xlabel("attention layers (k@i: k of them, at layers i)")
     n = rows["recall_num_pairs"].dropna()
