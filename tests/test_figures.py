@@ -559,3 +559,14 @@ def test_a_learning_rate_table_cuts_its_accuracy_intervals_to_zero_one():
     row = table.iloc[0]
     assert row["n"] == 5 and 0.0 <= row["low"] <= row["mean"] <= row["high"] <= 1.0
     assert row["interval_method"].endswith("within [0, 1]")
+
+
+def test_the_hybrid_figure_reads_recall_at_the_largest_n_every_run_was_tested_at():
+    from analysis.plots.hybrid import hardest_setting
+
+    runs = pd.DataFrame({"summary.accuracy": [0.7, 0.6], "summary.accuracy/num_pairs=32": [0.9, 0.8],
+                         "summary.accuracy/num_pairs=96": [0.5, 0.4], "summary.accuracy/num_pairs=128": [0.2, None],
+                         "summary.accuracy/seq_len=512,num_pairs=256": [0.1, 0.1]})
+    assert hardest_setting(runs) == ("summary.accuracy/num_pairs=96", 96)
+    one = runs[["summary.accuracy", "summary.accuracy/num_pairs=32"]]
+    assert hardest_setting(one) == ("summary.accuracy", None)

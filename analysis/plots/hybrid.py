@@ -6,8 +6,8 @@ memory (summary.state_bytes: the recurrent state plus the attention layers' KV c
 evaluated length), pooled over the positions of the attention layers, so the trade is visible:
 every attention layer buys recall with a cache that grows with length. Recall is read at the
 largest N the runs were tested at (summary.accuracy/num_pairs=<N>, where a sweep tests past its
-training N, as the quick one does to go past a pure stack's capacity), else summary.accuracy. The stack is read off
-each run's model label (harness.model.label: gated_deltanet*3+softmax); the attention slots are
+training N, as the quick one does to go past a pure stack's capacity), else summary.accuracy.
+The stack is read off each run's model label (harness.model.label: gated_deltanet*3+softmax); the attention slots are
 those named in ATTENTION. The all-attention stack is every recurrent mixer's last point.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from analysis import stats
 from analysis.plots import FigureSpec
 from analysis.plots.common import (MissingData, caption, draw_estimates, figure, legend_outside, new_figure, palette,
-                                   plain_log_axes, require, table)
+                                   plain_log_axes, require, setting_values, table)
 from analysis.plots.palette import mixer_markers
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
@@ -59,9 +59,10 @@ def stack_columns(runs: pd.DataFrame) -> pd.DataFrame:
 def hardest_setting(runs: pd.DataFrame) -> tuple[str, int | None]:
     """The column of recall at the largest tested N (summary.accuracy/num_pairs=<N>) that every
     run reports, and that N; (summary.accuracy, None) where the runs test one N only."""
-    prefix = ACCURACY + "/num_pairs="
-    tested = {int(c[len(prefix):]): c for c in runs.columns
-              if c.startswith(prefix) and c[len(prefix):].isdigit() and runs[c].notna().all()}
+    prefix = ACCURACY + "/"
+    named = {c: setting_values(c[len(prefix):]) for c in runs.columns if c.startswith(prefix)}
+    tested = {v["num_pairs"]: c for c, v in named.items()
+              if set(v) == {"num_pairs"} and isinstance(v["num_pairs"], int) and runs[c].notna().all()}
     if len(tested) < 2:
         return ACCURACY, None
     n = max(tested)

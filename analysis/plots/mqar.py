@@ -3,9 +3,10 @@
 Each run is trained and tested at one (seq_len, pairs) (Zoology's (64, 4), (128, 8), (256, 16)
 in the experiment file, mixer-only blocks, a vocabulary of 8,192). Each point is the test
 accuracy at the learning rate chosen per point (mixer, width, seq_len, pairs) on the validation
-split where the grid has several (the caption says when it has one, set and not chosen): each seed drawn, the mean, an interval only from five seeds (analysis.stats). The last
-panel keeps every learning rate's result, the chosen rate marked where it sits at the edge of
-the rates tried; a rate the sweep added past its grid's edge is `lr_extended` in the table.
+split where the grid has several (the caption says when it has one, set and not chosen): each
+seed drawn, the mean, an interval only from five seeds (analysis.stats). The last panel keeps
+every learning rate's result, the chosen rate marked where it sits at the edge of the rates tried;
+a rate the sweep added past its grid's edge is `lr_extended` in the table.
 Whether accuracy falls with width is a paired t-test across seeds (`mqar_width_trend.csv`).
 """
 from __future__ import annotations
@@ -116,8 +117,7 @@ def mqar_figure(data) -> Figure:
     lr_heatmap(heat, per_lr, [WIDTH, "seq_len"], order, title="every learning rate")
     legend_outside(fig, None, mixer_handles(colors, markers), list(colors))
     trend = width_trend(picked)
-    rates = points[LR].nunique() if LR in points.columns else 1
-    how = ("learning rate chosen per point on validation" if rates > 1
+    how = ("learning rate chosen per point on validation" if points[LR].nunique() > 1  # mqar_points sets LR
            else "one learning rate, set: none was chosen")
     caption(fig, f"MQAR: accuracy against width ({how})", *summaries,
             extra="a trend with width is called by a paired t-test across seeds (mqar_width_trend.csv)", legend=1.4)
