@@ -226,6 +226,22 @@ def recall_batch(B: int = 4, T: int = 24):
     return SimpleNamespace(inputs=inputs, target_pos=target_pos, slice_value=slice_value, slice_name="num_pairs")
 
 
+@pytest.mark.parametrize("variant", [*builtin_names(), "linear-normalize"])
+def test_a_mixer_that_declares_monotone_weights_measures_one_in_float64(variant):
+    """monotone_in_score is a claim about the map, which the sharpness figure takes on trust:
+    where a mixer makes it, its weights order every row exactly as softmax's score does
+    (Spearman 1 in float64, untrained). Softmax and the undivided identity map make it; a
+    divided one (phi(q).z may be negative and reverse a row) and every other built-in do not."""
+    name, _, divided = variant.partition("-")
+    model = tiny_model(name, **({"normalize": True} if divided else {}))
+    declared = {bool(m.monotone_in_score) for m in model.mixers()}
+    assert declared == {name == "softmax" or (name == "linear" and not divided)}
+    if declared == {True}:
+        heads = measure_model(model, recall_batch(B=6), max_examples=4)["heads"]
+        assert heads and all(r["monotone_in_score"] is True for r in heads)
+        assert all(r["monotonicity"] == pytest.approx(1.0, abs=1e-9) for r in heads)
+
+
 @pytest.mark.parametrize("name", ["softmax", "elu", "mamba", "gated_deltanet"])
 def test_measure_model_tables(name):
     model = tiny_model(name).train()
@@ -241,7 +257,9 @@ def test_measure_model_tables(name):
             "target_weight", "target_rank", "monotonicity", "snr_measured", "snr_predicted"]
     decay = ["log_decay"] if name in ("mamba", "gated_deltanet") else []
     for r in heads:
-        assert list(r) == keys + decay and r["slice"] == "num_pairs" and r["seq_len"] == 24
+        assert list(r) == keys + decay + ["monotone_in_score"] and r["slice"] == "num_pairs" and r["seq_len"] == 24
+        # what the mixer declares: softmax's weights are its score's softmax, the others' are not
+        assert r["monotone_in_score"] is (name == "softmax")
         for k in keys[5:] + decay:
             assert math.isfinite(r[k]), (k, r)
         assert 0 < r["target_weight"] <= 1 and r["max_weight"] <= 1  # the span's sum may pass the max

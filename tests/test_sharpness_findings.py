@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from conftest import draw_figure
 
-from analysis.plots.sharpness import by_construction
+from analysis.plots.sharpness import monotone_by_construction
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,19 @@ def test_a_one_by_construction_is_flagged_and_not_ranked(drawn):
     assert "Hedgehog" in drawn.axes[2].get_ylabel()
 
 
-def test_by_construction_needs_every_seed_at_one():
-    row = pd.Series({"metric": "monotonicity", "seed_0": 1.0, "seed_1": 0.999})
-    assert not by_construction(row) and by_construction(row.replace(0.999, 1.0))
-    assert not by_construction(pd.Series({"metric": "entropy", "seed_0": 1.0}))
+def test_by_construction_is_what_the_mixer_declares_and_not_the_value():
+    heads = pd.DataFrame({"label": ["softmax", "linear", "linear", "elu", "hybrid", "hybrid"],
+                          "monotonicity": [1.0, 0.9998, 0.9997, 1.0, 1.0, 1.0],
+                          "monotone_in_score": [True, True, True, False, True, float("nan")]})
+    # linear below 1 by rounding is flagged; elu at 1 is not (it declares no such map); a label
+    # with a head that declares nothing is not either
+    assert monotone_by_construction(heads) == {"softmax", "linear"}
+    assert monotone_by_construction(heads.drop(columns="monotone_in_score")) == set()
+
+
+def test_the_figure_hatches_the_bars_it_flags(drawn):
+    axis = drawn.axes[2]
+    hatched = {axis.get_xticklabels()[round(b.get_x() + b.get_width() / 2)].get_text()
+               for b in axis.patches if b.get_hatch()}
+    assert hatched == {"softmax", "linear"}
+    assert "Hatched: monotone by construction" in drawn.caption

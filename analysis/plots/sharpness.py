@@ -4,8 +4,9 @@ Softmax can put almost all weight on one key; a bounded positive feature map sme
 (Hedgehog's ordering: softmax sharpest, elu+1 and FAVOR+ smeared, Taylor between).
 Monotonicity is Hedgehog's: each mixer's weights ranked against softmax's score q.k / sqrt(d) of
 its own q and k before any feature map (harness.measure.trained.sharpness); softmax and the
-identity map keep that order by construction, so their 1 is flagged (`by_construction` in
-sharpness.csv) and no ranking is read from it. Read from the heads table (one row per layer, head and slice), else from run
+identity map keep that order by construction (they declare `monotone_in_score`), so their
+monotonicity is flagged (`by_construction` in sharpness.csv, a hatched bar) and no ranking is
+read from it. Read from the heads table (one row per layer, head and slice), else from run
 summaries. Each run contributes one value per measurement, its retrieval head's mean over the
 slices; the bars are the mean over seeds, each seed a dot, the interval only from five seeds
 (analysis.stats). Runs are those of the learning rate chosen per mixer on the validation split
@@ -34,9 +35,6 @@ ENTROPY = (("norm_entropy", "entropy H / log(prefix)  (1 = uniform)"),
            ("entropy", "attention entropy H (nats)"))
 TARGET = (("target_weight", "weight on answer span (fraction)"),)
 MONOTONE = (("monotonicity", "Hedgehog's monotonicity: Spearman of a_ij\non softmax's q.k/sqrt(d) (rank corr.)"),)
-# a mixer whose every seed scores this close to 1 keeps softmax's order by construction (softmax,
-# the identity map): a property of its map, not a finding; no ranking is read from it
-BY_CONSTRUCTION = 1e-9
 # the range each measure can take: an interval is cut there (analysis.stats.interval)
 BOUNDS = {"norm_entropy": (0.0, 1.0), "target_weight": (0.0, 1.0), "monotonicity": (-1.0, 1.0)}
 SLICE_LABELS = {"num_pairs": "N (stored pairs)", "distance": "key-query distance (tokens)"}
@@ -61,13 +59,16 @@ def _metric(rows: pd.DataFrame, choices) -> tuple[str, str] | None:
     return None
 
 
-def by_construction(row: pd.Series) -> bool:
-    """Whether a monotonicity point is 1 on every seed (within BY_CONSTRUCTION): weights that
-    are a monotone function of softmax's score by their map, not by what was learned."""
-    if row.get("metric") != "monotonicity":
-        return False
-    seeds = stats.seed_values(row)
-    return bool(seeds.size) and bool((seeds >= 1.0 - BY_CONSTRUCTION).all())
+def monotone_by_construction(heads: pd.DataFrame) -> set:
+    """The labels whose every measured head declares `monotone_in_score` (the mixer's own
+    attribute, written beside each heads row): weights an increasing function of softmax's score
+    by their map (softmax, the undivided identity map), so a monotonicity of 1 is their
+    definition, not what they learned. Read from the declaration and never from the value, which
+    float32 rounding of near ties takes below 1 (the identity map's seeds read 0.9998)."""
+    if not {"label", "monotone_in_score"} <= set(heads.columns):
+        return set()
+    declared = heads["monotone_in_score"].map(lambda v: v is True or v == 1)  # NaN: not declared
+    return set(declared.groupby(heads["label"]).all().loc[lambda s: s].index)
 
 
 @figure("sharpness")
@@ -95,21 +96,28 @@ def sharpness_figure(data) -> Figure:
                            legend=1.4 if by_value else 0.0)
 
     summaries = []
+    constructed = monotone_by_construction(focus)
     for ax, (column, label) in zip(axes, metrics):
         summary = stats.summarize(focus, ["label"], column, bounds=BOUNDS.get(column))
         summaries.append(summary.assign(metric=column))
         draw_bars(ax, summary, order, colors)
+        if column == "monotonicity":  # a 1 by the map's definition: hatched, told apart at a glance
+            for bar in ax.patches:
+                if order[round(bar.get_x() + bar.get_width() / 2)] in constructed:
+                    bar.set_hatch("///")
         ax.set(xlabel="mixer", ylabel=label)
         ax.tick_params(axis="x", labelrotation=90)
         if column in ("norm_entropy", "target_weight"):
             ax.set_ylim(0, 1.05)
     which = "retrieval head" if len(focus) < len(rows) else "all heads"
     per_metric = pd.concat(summaries, ignore_index=True)
+    hatched = "hatched: monotone by construction (the map's, not learned), not ranked" if constructed & set(order) else ""
     caption(fig, f"Attention sharpness per mixer (bars: {which}, mean over seeds; dots: each seed)", per_metric,
-            legend=1.4 if by_value else 0.0)
+            extra=hatched, legend=1.4 if by_value else 0.0)
     if with_lr:
         lr_heatmap(axes[len(metrics) + by_value], per_lr, [], order, title="every learning rate")
-    per_metric = per_metric.assign(by_construction=[by_construction(r) for _, r in per_metric.iterrows()])
+    per_metric = per_metric.assign(by_construction=(per_metric["metric"] == "monotonicity")
+                                   & per_metric["label"].isin(constructed))
     ranked = [s[~s["label"].isin(per_metric.loc[per_metric["by_construction"] & (per_metric["metric"] == m), "label"])]
               for s in summaries for m in [s["metric"].iat[0]] if len(s)]
     ranking = pd.concat([stats.ranking(s).assign(metric=s["metric"].iat[0]) for s in ranked if len(s) > 1],

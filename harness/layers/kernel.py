@@ -47,6 +47,7 @@ class KernelAttention(Mixer):
     exp_kernel = False       # the map estimates exp(q.k): inputs scaled by d^-1/4
     feature_is_positive = False  # phi > 0: the denominator phi(q).z is positive
     normalize_by_default = False  # divide by phi(q).z unless model.normalize says otherwise
+    score_map = False  # phi(q).phi(k) is an increasing function of q.k (the identity map)
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
@@ -54,6 +55,9 @@ class KernelAttention(Mixer):
         self.normalize = self.normalize_by_default if config.normalize is None else bool(config.normalize)
         # The fault check holds phi(q).z > 0 only where a denominator is taken and must be positive.
         self.positive_denominator = self.normalize and self.feature_is_positive
+        # Undivided, the identity map's a_ij is q.k itself; phi(q).z may be negative, which
+        # reverses a row's order, so a divided one is monotone by no construction.
+        self.monotone_in_score = self.score_map and not self.normalize
         # Without the division nothing bounds the read-out: a per-head RMSNorm holds it (fla).
         self.norm = None if self.normalize else HeadNorm(self.n_heads, self.d_head, "rmsnorm")
         self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
@@ -108,6 +112,7 @@ class KernelAttention(Mixer):
 @register("linear")
 class LinearAttention(KernelAttention):
     feature = kernel = "identity"
+    score_map = True
 
 
 @register("elu")

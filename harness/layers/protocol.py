@@ -192,6 +192,11 @@ class Mixer(nn.Module):
     core: str = ""
     kernel: Optional[str] = None
     positive_denominator: bool = False
+    # Its weights a_ij are, row by row, an increasing function of softmax's score on hook_q_raw and
+    # hook_k_raw (softmax; the identity map undivided): Hedgehog's monotonicity is then 1 by the
+    # map, whatever was learned, and no finding. Declared, not read off the measured value, which
+    # float32 or bf16 rounding of near ties takes below 1.
+    monotone_in_score: bool = False
     wants_learned_positions: bool = False
     has_decay: bool = False
     heads_per_readout: int = 1  # consecutive effective-weight heads read out together

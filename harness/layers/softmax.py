@@ -22,6 +22,7 @@ class SoftmaxAttention(Mixer):
     memory_kind = "kv_cache"  # a key and a value per token (swa: per token of its window)
     kernel = "softmax"
     wants_learned_positions = True  # no recurrence and rotary off by default: GPT-2's positions
+    monotone_in_score = True  # a_ij = softmax of the very score: increasing in it by construction
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)

@@ -29,6 +29,7 @@ DEFAULT_WINDOW = 32
 class SlidingWindowAttention(SoftmaxAttention):
     core = "softmax_window"
     takes_window = True  # model.window applies (harness.model.validate)
+    monotone_in_score = False  # zero outside the window, whatever the score there
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)

@@ -53,6 +53,7 @@ import torch
 
 from harness.hooks import capture
 from harness.layers.preflight import ignored as protocol_ignored
+from harness.layers.preflight import member
 from harness.layers.preflight import skipped as protocol_skipped
 from harness.measure.jacobian import JACOBIAN_EXAMPLES, LABEL as JACOBIAN_LABEL, jacobian_weights
 from harness.layers.protocol import lacks, mixer_hooks
@@ -385,7 +386,8 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
     mixers = model.mixers()
     status: dict[str, str] = {}
     rows: list[dict[str, list]] = [{} for _ in mixers]  # per layer: statistic -> (H, R) parts
-    setup: list[Optional[tuple]] = [None] * len(mixers)  # per layer: (with_snr, d_key), None = skipped
+    # per layer: (with_snr, d_key, monotone_in_score), None = skipped
+    setup: list[Optional[tuple]] = [None] * len(mixers)
     span = answer_span(model)
     was_training = model.training
     model.eval()
@@ -410,7 +412,8 @@ def measure_model(model, batch, *, max_examples: Optional[int] = None, tokens: i
                     for what, why in reasons.items():
                         status[what] = why if status.get(what, "ok") == "ok" else status[what]
                     if reasons["sharpness"] in ("ok", JACOBIAN_LABEL):
-                        setup[layer] = (reasons["snr"] == "ok" and not estimated[layer], getattr(mixer, "d_key", None))
+                        setup[layer] = (reasons["snr"] == "ok" and not estimated[layer], getattr(mixer, "d_key", None),
+                                        bool(member(mixer, "monotone_in_score")))
                 if setup[layer] is None:
                     continue
                 if estimated[layer]:
@@ -443,7 +446,7 @@ def _summarize(rows: list[dict[str, list]], setup: list[Optional[tuple]], estima
     for layer, found in enumerate(rows):
         if setup[layer] is None or not found:
             continue
-        with_snr, d_key = setup[layer]
+        with_snr, d_key, monotone = setup[layer]
         layer_rows = estimated_rows if estimated[layer] else row_values
         values = sorted(int(x) for x in torch.unique(layer_rows).tolist())
         stats = {name: torch.cat(parts, dim=1) for name, parts in found.items()}  # (H, R)
@@ -453,7 +456,8 @@ def _summarize(rows: list[dict[str, list]], setup: list[Optional[tuple]], estima
                 # the Jacobian estimate merges a layer's heads into one row: no head to name
                 head = None if estimated[layer] else h
                 heads.append({"layer": layer, "head": head, "slice": slice_name, "value": value, "seq_len": T,
-                              **({"heads_merged": True} if estimated[layer] else {}), **agg})
+                              **({"heads_merged": True} if estimated[layer] else {}), **agg,
+                              "monotone_in_score": monotone})
             pooled = _aggregate(stats, h, torch.ones_like(layer_rows, dtype=torch.bool), d_key, with_snr)
             if best is None or pooled["target_weight"] > best["target_weight"]:
                 best = {**pooled, "retrieval_layer": layer, "retrieval_head": None if estimated[layer] else h}
