@@ -351,6 +351,22 @@ def test_length_reaches_16k_with_the_theory(drawn):
     assert [line for line in ax.lines if line.get_linestyle() == "--"], "predicted accuracy"
 
 
+def test_the_length_law_is_drawn_only_for_models_without_a_kv_cache():
+    """The crosstalk law describes one fixed-size state: a model that keeps keys (softmax, swa's
+    window, a hybrid with an attention layer) gets no predicted line, whatever it is called."""
+    from analysis.plots.length import FILLER, theory_lines
+
+    run = {FILLER: "zero", "summary.d_key": 64, "summary.d_head": 64, "config.task.vocab_size": 256,
+           "config.task.num_pairs": 4}
+    points = pd.DataFrame([{**run, "run_dir": "a", "label": "elu", "model": "elu", "summary.attention_kv_cache_bytes": 0},
+                           {**run, "run_dir": "b", "label": "swa", "model": "swa",
+                            "summary.attention_kv_cache_bytes": 32768},
+                           {**run, "run_dir": "c", "label": "gated_deltanet+softmax", "model": "gated_deltanet+softmax",
+                            "summary.attention_kv_cache_bytes": 8192}])
+    lines, missing = theory_lines(points, np.array([64, 256, 1024]))
+    assert set(lines) == {("zero", "elu")} and missing is None
+
+
 def test_state_figure_marks_the_gpt2_crossover():
     fig = state_figure()
     ax = fig.axes[0]

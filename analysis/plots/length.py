@@ -56,15 +56,18 @@ def _value(run: pd.Series, name: str, default=math.nan):
 
 
 def theory_lines(points: pd.DataFrame, lengths: np.ndarray) -> tuple[dict, str | None]:
-    """{(filler, label): predicted accuracy at `lengths`} for every non-softmax mixer whose runs
-    carry what the theory needs, and a note when some could not be drawn."""
+    """{(filler, label): predicted accuracy at `lengths`} for every model without a KV cache
+    (summary.attention_kv_cache_bytes 0) whose runs carry what the theory needs, and a note when
+    some could not be drawn."""
     lines, missing = {}, None
     if "label" not in points.columns:
         points = points.assign(label=points["model"])
     first = points.drop_duplicates("run_dir") if "run_dir" in points.columns else points.drop_duplicates("label")
     for _, run in first.iterrows():
         key = (run[FILLER], run["label"])
-        if run["model"] == "softmax" or key in lines:  # no fixed-size state: the law does not apply
+        # A model that keeps keys (softmax, swa's window, a hybrid's attention layer) reads them by
+        # softmax, not out of one fixed-size state: the crosstalk law does not describe it.
+        if key in lines or float(_value(run, "summary.attention_kv_cache_bytes", 0.0)) > 0:
             continue
         d_key, vocab = _value(run, "summary.d_key"), _value(run, "config.task.vocab_size")
         d_v = _value(run, "summary.d_head")
