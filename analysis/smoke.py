@@ -126,7 +126,6 @@ def job_seconds(result: dict, full: dict) -> float | None:
 GPU_NAME = "H100 SXM"
 GPU_PEAK_FLOPS = 989e12      # dense bf16, no sparsity
 GPU_UTILISATION = 0.40
-QUADRATIC = ("softmax", "swa")  # mixers whose work per token grows with the keys it sees
 
 
 def train_length(config: dict) -> int | None:
@@ -146,8 +145,9 @@ def train_length(config: dict) -> int | None:
 
 def job_flops(result: dict, full: dict) -> float | None:
     """Training FLOPs of the full job a smoke result stands for: 6 x parameters x tokens per step
-    (forward and backward), plus for softmax and the sliding window the score and mixing products
-    (6 x 2 x layers x T x keys seen x d_model per example); None for probe and cost runs."""
+    (forward and backward), plus for every layer that keeps keys (softmax, the sliding window, a
+    hybrid's attention slots) the score and mixing products (6 x 2 x T x keys seen x d_model per
+    example); None for probe and cost runs."""
     if result.get("mode") != "train":
         return None
     params = (result.get("summary") or {}).get("params")
@@ -159,11 +159,25 @@ def job_flops(result: dict, full: dict) -> float | None:
         return None
     tokens = full["batch_size"] * seq
     flops = 6.0 * params * tokens
-    if str(config.get("model.name")) in QUADRATIC:
-        keys = seq if config.get("model.window") is None else min(seq, int(config["model.window"]))
-        flops += 6.0 * 2 * int(config.get("model.n_layers") or 1) * seq * keys * int(config.get("model.d_model") or 1) \
-            * full["batch_size"]
+    for layer in layers_keeping_keys(config):  # scores and mixing grow with the keys each token sees
+        keys = seq if layer.window is None else min(seq, int(layer.window))
+        flops += 6.0 * 2 * seq * keys * int(layer.d_model) * full["batch_size"]
     return flops * full["max_steps"]
+
+
+def layers_keeping_keys(config: dict) -> list:
+    """The ModelConfig of each layer of a run's flat config whose mixer keeps keys (softmax, swa;
+    a hybrid's attention slots), as harness.model.layer_configs builds them; [] where the config
+    does not build."""
+    from harness.layers.registry import keeps_keys
+    from harness.model import ModelConfig, layer_configs
+
+    fields = {k[len("model."):]: v for k, v in config.items()
+              if k.startswith("model.") and k[len("model."):] in ModelConfig.__dataclass_fields__}
+    try:
+        return [layer for layer in layer_configs(ModelConfig(**fields)) if keeps_keys(str(layer.name))]
+    except (ValueError, TypeError):
+        return []
 
 
 def gpu_hours(flops: float) -> float:

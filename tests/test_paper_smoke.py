@@ -43,3 +43,30 @@ def test_paper_smoke_runs_every_mixer_at_the_largest_sizes_and_draws_the_figures
     assert all(v["gpu_hours_estimate"] > 0 for v in estimate.values())
     assert "GPU column: an estimate, not a measurement" in done.stdout
     assert "expected cost of the full paper profile on cpu" in done.stdout
+
+
+def test_the_cost_estimate_counts_attention_in_every_layer_that_keeps_keys():
+    """The score and mixing products are added for each layer whose mixer's class keeps keys
+    (memory_kind "kv_cache"), a hybrid's attention slots included, with swa's window cutting the
+    keys; a recurrent layer adds none."""
+    from harness.layers import builtin_names
+    from harness.layers.registry import keeps_keys
+
+    assert {name for name in builtin_names() if keeps_keys(name)} == {"softmax", "swa"}
+    assert not keeps_keys("examples.dpfp.DPFPAttention")  # outside code is not imported to answer
+    full = {"batch_size": 1, "max_steps": 1}
+    base = {"mode": "train", "task.name": "recall", "task.seq_len": 64, "model.d_model": 8, "model.n_layers": 4}
+
+    def extra(**model):
+        config = {**base, **{f"model.{k}": v for k, v in model.items()}}
+        run = {"mode": "train", "summary": {"params": 0}, "config": config}
+        return smoke.job_flops(run, full)
+
+    T = smoke.train_length(base)
+    per_layer = 6.0 * 2 * T * T * 8
+    assert extra(name="elu") == 0
+    assert extra(name="softmax") == pytest.approx(4 * per_layer)
+    assert extra(name="swa", window=16) == pytest.approx(4 * per_layer * 16 / T)
+    assert extra(name="gated_deltanet", layers=["gated_deltanet", "softmax", "gated_deltanet", "softmax"]) \
+        == pytest.approx(2 * per_layer)
+    assert extra(name="mamba", attn_every=4, attn="softmax") == pytest.approx(per_layer)

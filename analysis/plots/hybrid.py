@@ -7,8 +7,9 @@ evaluated length), pooled over the positions of the attention layers, so the tra
 every attention layer buys recall with a cache that grows with length. Recall is read at the
 largest N the runs were tested at (summary.accuracy/num_pairs=<N>, where a sweep tests past its
 training N, as the quick one does to go past a pure stack's capacity), else summary.accuracy.
-The stack is read off each run's model label (harness.model.label: gated_deltanet*3+softmax); the attention slots are
-those named in ATTENTION. The all-attention stack is every recurrent mixer's last point.
+The stack is read off each run's model label (harness.model.label: gated_deltanet*3+softmax);
+the attention slots are the mixers that keep keys, as their classes say (registry.keeps_keys).
+The all-attention stack is every recurrent mixer's last point.
 """
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from analysis.plots import FigureSpec
 from analysis.plots.common import (MissingData, caption, draw_estimates, figure, legend_outside, new_figure, palette,
                                    plain_log_axes, require, setting_values, table)
 from analysis.plots.palette import mixer_markers
+from harness.layers.registry import keeps_keys
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("hybrid", "hybrid", "hybrid_figure", notebook="nb_hybrid", tables=("hybrid", "hybrid_memory")),
 )
 
-ATTENTION = ("softmax", "swa")
 ACCURACY, MEMORY = "summary.accuracy", "summary.state_bytes"
 RECALL = "recall"  # hybrid_rows: the test recall the figure draws (hardest_setting)
 ALL = "all"
@@ -47,8 +48,8 @@ def stack_columns(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for label in runs["model"]:
         names = slots(label)
-        attn = [i for i, n in enumerate(names) if n in ATTENTION]
-        other = [n for n in names if n not in ATTENTION]
+        attn = [i for i, n in enumerate(names) if keeps_keys(n)]
+        other = [n for n in names if not keeps_keys(n)]
         pattern = ("none" if not attn else ALL if len(attn) == len(names)
                    else f"{len(attn)}@{','.join(map(str, attn))}")
         rows.append({"recurrent": other[0] if other else None, "n_attn": len(attn), "depth": len(names),

@@ -67,6 +67,14 @@ def is_dotted(name: str) -> bool:
     return isinstance(name, str) and "." in name
 
 
+def keeps_keys(name: str) -> bool:
+    """Whether the built-in mixer `name` keeps a key and a value per token it sees (its class's
+    memory_kind: softmax, swa's window), so its work and memory grow with the keys. False for a
+    dotted name, whose code is not imported to answer this."""
+    _discover()
+    return name in _BUILTINS and _BUILTINS[name].memory_kind == "kv_cache"
+
+
 def resolve(name: str) -> type:
     """The class `model.name` names; ValueError (one line) if it names none."""
     _discover()
