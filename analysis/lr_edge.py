@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import yaml
 
@@ -98,6 +98,17 @@ def extensions(rows: list[dict], rates: list[float]) -> dict[float, list[str]]:
         elif math.isclose(best, rates[-1]) and means[best] > means[tried[-2]] + TIE:
             out[high].add(model)
     return {lr: sorted(models) for lr, models in sorted(out.items())}
+
+
+def experiment_dir(folder: PurePath) -> PurePath:
+    """The experiment's sweep folder that `folder` belongs to: the one a chosen-rate sweep
+    (chosen_dir) or a rate extension (extension_dir) was written under, else `folder` itself.
+    Runs of one experiment split by rate are still one experiment (their labels, for one)."""
+    if folder.name.startswith("lr_") and folder.name != EXTENDED_DIR:
+        folder = folder.parent
+        if folder.name == EXTENDED_DIR:
+            folder = folder.parent
+    return folder
 
 
 def extension_dir(sweep_dir: Path, lr: float) -> Path:

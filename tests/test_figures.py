@@ -105,6 +105,19 @@ def test_labels_show_the_options_that_vary_within_a_sweep():
     assert labels["/r/b/0"] == "dpfp"
 
 
+def test_an_experiment_split_by_chosen_rate_is_labelled_as_one_sweep():
+    """The capacity sweep runs each mixer at its chosen rate, in one folder per rate
+    (lr_edge.chosen_dir, and extensions under lr_extended): FAVOR+ at m = 8 alone in its rate's
+    folder is still "favor m=8" beside m = 16 and 64 at another rate, never a bare "favor"."""
+    from analysis.plots.labels import label_runs
+
+    rows = pd.DataFrame([{"run_dir": f"/r/capacity/{sub}/{j}", "model": "favor", "config.model.favor_features": m}
+                         for j, (sub, m) in enumerate([("lr_0.01_d8", 8), ("lr_0.03_d8", 16), ("lr_0.03_d8", 64),
+                                                       ("lr_extended/lr_0.1", 128)])]
+                        + [{"run_dir": "/r/sharpness/0", "model": "favor", "config.model.favor_features": None}])
+    assert list(label_runs(rows)["label"]) == ["favor m=8", "favor m=16", "favor m=64", "favor m=128", "favor"]
+
+
 def test_variants_take_shades_of_their_mixers_colour_and_a_marker_each():
     from analysis.plots.common import label_styles
 

@@ -7,7 +7,8 @@ values differ among its runs of one sweep (width excluded: it is an axis, not a 
 sweep that runs one mixer at one setting labels it by its name alone; a new option or an
 outside mixer's model.options.* is labelled the same way the day a sweep varies it. A figure
 that draws two sweeps (the SNR figure reads the capacity sweep too) labels each run by what
-varies in its own sweep (the folder its run directory sits in), not by how the two differ.
+varies in its own sweep (the folder its run directory sits in, with an experiment's per-rate
+sub-sweeps taken together: analysis.lr_edge.experiment_dir), not by how the two differ.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
+
+from analysis.lr_edge import experiment_dir
 
 MODEL_PREFIX = "config.model."
 WIDTH = "config.model.d_model"
@@ -40,7 +43,8 @@ def variant_columns(runs: pd.DataFrame, exclude=(WIDTH,)) -> dict[tuple[str, str
 
 
 def _with_sweep(runs: pd.DataFrame) -> pd.DataFrame:
-    sweep = runs["run_dir"].map(lambda d: str(PurePath(str(d)).parent)) if "run_dir" in runs.columns else ""
+    sweep = runs["run_dir"].map(lambda d: str(experiment_dir(PurePath(str(d)).parent))) \
+        if "run_dir" in runs.columns else ""
     return runs.assign(_sweep=sweep)
 
 
