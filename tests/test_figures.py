@@ -266,6 +266,32 @@ def test_a_heatmap_outlines_nothing_where_one_rate_was_tried():
     ax = Figure().subplots()
     lr_heatmap(ax, table, [], ["softmax", "elu"], title="every learning rate")
     assert not ax.patches and "one rate per setting: none chosen" in ax.get_title()
+    # a rate chosen before the sweep (capacity's pilot) is said, still with no outline
+    ax = Figure().subplots()
+    lr_heatmap(ax, table, [], ["softmax", "elu"], title="every learning rate", chosen_before="the rate pilot")
+    assert not ax.patches and "one rate per setting, chosen by the rate pilot" in ax.get_title()
+
+
+def test_the_capacity_heatmap_says_the_pilot_chose_runs_in_per_rate_folders(tree, tmp_path):
+    """Capacity runs written under a per-rate folder (lr_edge.chosen_dir) ran at the rate the
+    pilot chose for them, and the heatmap says so rather than "none chosen"."""
+    import json
+    import shutil
+
+    from conftest import draw_figure
+
+    from analysis.lr_edge import chosen_dir
+
+    root = tmp_path / "results"
+    runs = {d: json.loads((d / "results.json").read_text()) for d in (tree / "capacity").iterdir()
+            if (d / "results.json").is_file()}
+    rates = [r["config"].get("trainer.lr") for r in runs.values()]
+    rate = min(x for x in rates if x is not None)  # one rate, as a piloted sweep runs
+    for d, r in runs.items():
+        if r["config"].get("trainer.lr") == rate:
+            shutil.copytree(d, chosen_dir(root / "capacity", rate, "8") / d.name)
+    heat = next(ax for ax in draw_figure(root, "capacity").axes if "every learning rate" in ax.get_title())
+    assert "chosen by the rate pilot" in heat.get_title()
 
 
 def test_width_trend_is_a_paired_test_across_seeds():

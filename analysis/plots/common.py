@@ -204,11 +204,12 @@ def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "a
 
 
 def lr_heatmap(ax, table: pd.DataFrame, columns: list[str], order: list[str], *, title: str,
-               row: str = "label") -> None:
+               row: str = "label", chosen_before: str | None = None) -> None:
     """Mean validation score per mixer (rows: ``row``, the run label) and learning rate (columns,
     with ``columns`` before it). Where a setting tried more than one rate, the chosen one is
     outlined in red, dashed with ▸ where it sits at the edge of the rates tried (lr_at_edge);
-    a setting with one rate chose nothing and has no outline. Every learning rate's result kept."""
+    a setting with one rate chose nothing here and has no outline (``chosen_before``: what chose
+    that one rate before the sweep, said in the title). Every learning rate's result kept."""
     row = row if row in table.columns else "model"
     cols = [c for c in columns if c in table.columns] + [LR]
     grid = table.groupby([row] + cols, dropna=False)["val_score"].mean().unstack(cols)
@@ -235,7 +236,9 @@ def lr_heatmap(ax, table: pd.DataFrame, columns: list[str], order: list[str], *,
                     ax.plot(j + 0.85, i + 0.2, marker=">", color="red", ms=3.5)
     on = table["selected_on"].iat[0] if "selected_on" in table.columns and len(table) else "validation"
     chose = any(t > 1 for r in tried for t in r)
-    legend = "red: chosen, dashed with ▸: at the grid's edge" if chose else "one rate per setting: none chosen"
+    legend = ("red: chosen, dashed with ▸: at the grid's edge" if chose
+              else f"one rate per setting, chosen by {chosen_before}" if chosen_before
+              else "one rate per setting: none chosen")
     ax.set(xlabel="learning rate (per setting)", ylabel="mixer (run label)",
            title=f"{title}\n(mean {on.split()[0][:3]}. accuracy;\n{legend})")
     ax.tick_params(axis="x", labelrotation=90, labelsize=small)
