@@ -111,6 +111,13 @@ def experiment_dir(folder: PurePath) -> PurePath:
     return folder
 
 
+def in_rate_folder(run_dir) -> bool:
+    """Whether a run was written under a per-rate folder (chosen_dir, extension_dir): it ran at
+    a rate chosen for it before its sweep, not among the sweep's own rates."""
+    folder = PurePath(str(run_dir)).parent
+    return experiment_dir(folder) != folder
+
+
 def extension_dir(sweep_dir: Path, lr: float) -> Path:
     return sweep_dir / EXTENDED_DIR / f"lr_{lr:.3g}"
 

@@ -31,7 +31,6 @@ features, the additive control) are told apart by the options that vary (analysi
 from __future__ import annotations
 
 import math
-from pathlib import PurePath
 
 import numpy as np
 import pandas as pd
@@ -39,7 +38,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis import stats
-from analysis.lr_edge import experiment_dir
+from analysis.lr_edge import in_rate_folder
 from analysis.plots import FigureSpec
 from analysis.plots.common import (WIDTH, caption, draw_estimates, figure, label_order, label_styles, labelled,
                                    legend_outside, log2_axis, loglog_slope, lr_heatmap, new_figure, note, plain_log_axes,
@@ -529,10 +528,9 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
         note(state_ax, "no state size in these results (summary.state_elements_per_layer)")
     elif half["n50_per_n"].isna().all():
         note(state_ax, "no break point: every mixer starts below 50% at the smallest N")
-    # runs in per-rate folders (lr_edge.chosen_dir) ran at the rate the pilot chose for them
-    piloted = selected["run_dir"].map(lambda d: experiment_dir(PurePath(str(d)).parent) != PurePath(str(d)).parent)
+    piloted = selected["run_dir"].map(in_rate_folder).any()  # each ran at the rate the pilot chose
     lr_heatmap(heat, per_lr, [WIDTH, "train_n"], order, title="every learning rate (per training N)",
-               chosen_before="the rate pilot" if piloted.any() else None)
+               chosen_before="the rate pilot" if piloted else None)
     schlag = schlag_table(half, selected)
     _draw_table(tab_ax, schlag)
 

@@ -48,8 +48,9 @@ def stack_columns(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for label in runs["model"]:
         names = slots(label)
-        attn = [i for i, n in enumerate(names) if keeps_keys(n)]
-        other = [n for n in names if not keeps_keys(n)]
+        keeps = [keeps_keys(n) for n in names]
+        attn = [i for i, kept in enumerate(keeps) if kept]
+        other = [n for n, kept in zip(names, keeps) if not kept]
         pattern = ("none" if not attn else ALL if len(attn) == len(names)
                    else f"{len(attn)}@{','.join(map(str, attn))}")
         rows.append({"recurrent": other[0] if other else None, "n_attn": len(attn), "depth": len(names),

@@ -25,8 +25,8 @@ from torch import nn
 
 # Protocol attributes and the types they must have (harness.layers.protocol); bool is not an int here.
 ATTRIBUTE_TYPES = {"family": str, "core": str, "kernel": str, "d_key": int, "d_head": int, "n_heads": int,
-                   "positive_denominator": bool, "monotone_in_score": bool, "heads_per_readout": int, "wants_learned_positions": bool,
-                   "memory_kind": str}
+                   "positive_denominator": bool, "monotone_in_score": bool, "heads_per_readout": int,
+                   "wants_learned_positions": bool, "memory_kind": str}
 _WARNED: set[tuple[str, str]] = set()  # (class, member) warned about in this process: one line each
 
 
