@@ -40,9 +40,10 @@ from matplotlib.lines import Line2D
 from analysis import stats
 from analysis.lr_edge import in_rate_folder
 from analysis.plots import FigureSpec
-from analysis.plots.common import (WIDTH, caption, draw_estimates, figure, label_order, label_styles, labelled,
-                                   legend_outside, log2_axis, loglog_slope, lr_heatmap, new_figure, note, plain_log_axes,
-                                   require, retrieval_heads, select_on_validation, setting_values, table)
+from analysis.plots.common import (STOP, WIDTH, caption, draw_estimates, figure, label_order, label_styles, labelled,
+                                   legend_outside, log2_axis, loglog_slope, lr_heatmap, mark_lower_bounds, new_figure,
+                                   note, plain_log_axes, require, retrieval_heads, select_on_validation, setting_values,
+                                   table, with_stop_flags)
 from analysis.plots.reference import SCHLAG_BREAKS, SCHLAG_D_KEY
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
@@ -58,7 +59,6 @@ POINT = ["label", WIDTH, "train_n"]   # one trained model family: the learning r
 FROM_TRAIN = "acc_predicted_from_train"
 READOUT = "acc_readout_trained"
 STATE = "summary.state_elements_per_layer"
-STOP = "summary.stop_reason"
 # Schlag et al.'s criterion: the largest N still recalled, read at this accuracy (beside N at 50%)
 RECALL_THRESHOLD = 0.9
 
@@ -76,8 +76,7 @@ def capacity_points(data: pd.DataFrame) -> pd.DataFrame:
     rows = require(rows, ["model", "value", "accuracy"], "interference-task accuracy by num_pairs")
     if WIDTH not in rows.columns:
         rows = rows.assign(**{WIDTH: np.nan})
-    rows = rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan,
-                       lower_bound=rows[STOP].eq("max_steps") if STOP in rows.columns else False)
+    rows = with_stop_flags(rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan))
     return labelled(rows)
 
 
@@ -189,20 +188,6 @@ def rests_on_lower_bounds(n, lower_bound, break_n: float) -> bool:
     past = n[n > break_n]
     limit = past.min() if past.size else math.inf
     return bool(lower[n <= limit].any())
-
-
-def mark_lower_bounds(points: pd.DataFrame, rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """``points`` (stats.summarize of ``rows`` by ``by``) with runs_at_max_steps (seeds of the
-    point that ended at max_steps) and lower_bound (any did: the mean is a lower bound)."""
-    if points.empty:
-        return points.assign(runs_at_max_steps=pd.Series(dtype=int), lower_bound=pd.Series(dtype=bool))
-    runs = rows.drop_duplicates(["run_dir", *by]) if "run_dir" in rows.columns else rows
-    keys = runs[by].astype(object).where(runs[by].notna(), "<na>")
-    at_max = runs.assign(**{k: keys[k] for k in by}).groupby(by)["lower_bound"].sum()
-    index = pd.MultiIndex.from_frame(points[by].astype(object).where(points[by].notna(), "<na>")) \
-        if len(by) > 1 else points[by[0]].astype(object).where(points[by[0]].notna(), "<na>")
-    counts = at_max.reindex(index).fillna(0).astype(int).to_numpy()
-    return points.assign(runs_at_max_steps=counts, lower_bound=counts > 0)
 
 
 def stop_table(rows: pd.DataFrame) -> pd.DataFrame:

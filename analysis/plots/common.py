@@ -157,6 +157,29 @@ def retrieval_heads(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[chosen | unnamed]
 
 
+STOP = "summary.stop_reason"  # why a run ended: plateau | target | max_steps (harness.train)
+
+
+def with_stop_flags(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with ``lower_bound``: the run ended at trainer.max_steps (summary.stop_reason), not
+    on its validation plateau or target, so its accuracy is a lower bound on what it reaches."""
+    return rows.assign(lower_bound=rows[STOP].eq("max_steps") if STOP in rows.columns else False)
+
+
+def mark_lower_bounds(points: pd.DataFrame, rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """``points`` (stats.summarize of ``rows`` by ``by``) with runs_at_max_steps (seeds of the
+    point that ended at max_steps) and lower_bound (any did: the mean is a lower bound)."""
+    if points.empty:
+        return points.assign(runs_at_max_steps=pd.Series(dtype=int), lower_bound=pd.Series(dtype=bool))
+    runs = rows.drop_duplicates(["run_dir", *by]) if "run_dir" in rows.columns else rows
+    keys = runs[by].astype(object).where(runs[by].notna(), "<na>")
+    at_max = runs.assign(**{k: keys[k] for k in by}).groupby(by)["lower_bound"].sum()
+    index = pd.MultiIndex.from_frame(points[by].astype(object).where(points[by].notna(), "<na>")) \
+        if len(by) > 1 else points[by[0]].astype(object).where(points[by[0]].notna(), "<na>")
+    counts = at_max.reindex(index).fillna(0).astype(int).to_numpy()
+    return points.assign(runs_at_max_steps=counts, lower_bound=counts > 0)
+
+
 def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "accuracy",
                          val: str = "val_accuracy", count: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per point, the rows (every seed) of the learning rate with the best mean validation score.
