@@ -350,9 +350,11 @@ def _first_usable(files) -> tuple[Path | None, dict[str, Any] | None, list[str]]
 
 def resume_dir(cfg: DictConfig) -> Path | None:
     """`trainer.resume` as a directory, checked before anything runs."""
+    from harness.outputs.paths import user_path
+
     if not cfg.trainer.resume:
         return None
-    path = Path(cfg.trainer.resume)
+    path = user_path(cfg.trainer.resume)
     if not path.is_dir():
         raise ValueError(f"trainer.resume={cfg.trainer.resume}: not a directory")
     if not checkpoint_files(path):  # refused before the run claims (writes its lock into) the directory

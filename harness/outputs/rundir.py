@@ -1,7 +1,8 @@
 """Claiming a run's directory in one call: where it is, the lock, fresh or resumed, its config.
 
 `claim(cfg, flat, digest, where)` decides where the run writes (`trainer.resume`, else `out_dir`,
-else Hydra's run directory), creates it, takes its lock (harness.outputs.lock), and in a sweep
+else Hydra's run directory; a relative path is the launch directory's, with Hydra's chdir or
+without: harness.outputs.paths.user_path), creates it, takes its lock (harness.outputs.lock), and in a sweep
 skips a config already finished anywhere under the sweep and sets aside the finished run of
 another config that this job's number now names. A training run then finds the checkpoint it
 continues from, which must belong to this config; config.yaml is written last, so a refused
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import OutputError, RunError
 from harness.outputs.lock import LOCK_FILE, RunDirLock
+from harness.outputs.paths import launch_dir, user_path
 from harness.outputs.results import RESULTS_FILE, read_results, write_text
 
 
@@ -51,7 +53,7 @@ def claim(cfg: DictConfig, flat: dict[str, Any], digest: str, where: Where) -> R
     """The run's directory, claimed; ValueError or RunError (one line) if it cannot be."""
     from harness.outputs.checkpoint import find_resume, resume_dir
 
-    path = resume_dir(cfg) or (Path(cfg.out_dir) if cfg.out_dir else (where.run_dir or Path("outputs/run")))
+    path = resume_dir(cfg) or (user_path(cfg.out_dir) if cfg.out_dir else (where.run_dir or Path("outputs/run")))
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -141,7 +143,7 @@ def discard_refused(cfg: DictConfig, where: Where) -> None:
     if not all(e.name in (".hydra", "config.yaml", LOCK_FILE) or e.suffix == ".log" for e in entries):
         return
     shutil.rmtree(out_dir, ignore_errors=True)
-    cwd, parent = Path.cwd().resolve(), out_dir.resolve().parent
+    cwd, parent = launch_dir().resolve(), out_dir.resolve().parent
     while parent != cwd and cwd in parent.parents:  # outputs/<task>-<model>/ made for it, now empty
         try:
             parent.rmdir()

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from harness.config.compose import CONF_DIR, ConfigError, compose_config, with_outside_tasks
 from harness.errors import in_one_line, shown
-from harness.run.precheck import check_dir, refuse_bad_command
+from harness.outputs.paths import check_destination, user_path
+from harness.run.precheck import refuse_bad_command
 
 OVERWRITE = ("+overwrite=true", "overwrite=true")  # a finished run of another config may be replaced
 
@@ -100,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
             plan = plan_for(compose_config(overrides, validate=False))
             cfg = plan.cfg
             if cfg.out_dir:
-                out_dir = Path(cfg.out_dir)
-                check_dir("out_dir", out_dir)
+                out_dir = user_path(cfg.out_dir)  # the directory the run writes in, chdir or not
+                check_destination("out_dir", out_dir)
                 _check_held(out_dir)
                 if not overwrite:
                     _check_finished(plan, out_dir)

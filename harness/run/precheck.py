@@ -7,18 +7,19 @@ is expanded in silence for minutes. So the command line checks first:
 
 - the environment switches (harness.env), before anything reads them;
 - `hydra.run.dir` (a run) or `hydra.sweep.dir` (a sweep), as given or as the config sets it,
-  as `out_dir` is checked: a place that can be a directory and can be written;
+  as `out_dir` is checked (harness.outputs.paths.check_destination): a place that can be a
+  directory, with names the file system takes, that can be written, outside the package's config;
 - the number of jobs a sweep expands to, against `sweep.max_jobs` (harness/conf/config.yaml),
   counted from the grid's description (a range is never expanded to be counted).
 """
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from harness.env import check_switches
+from harness.outputs.paths import check_destination
 
 DIR_KEYS = ("hydra.run.dir", "hydra.sweep.dir")
 MULTIRUN = ("-m", "--multirun")
@@ -26,25 +27,6 @@ MULTIRUN = ("-m", "--multirun")
 
 class PrecheckError(ValueError):
     """A command line refused before Hydra starts; its message is one line."""
-
-
-def check_dir(what: str, path: Path) -> None:
-    """PrecheckError unless ``path`` can be a directory this process writes in: not a file, not a
-    symbolic link that leads nowhere (a loop, a dangling link), below a writable directory."""
-    if path.is_symlink() and not os.path.exists(path):
-        raise PrecheckError(f"{what} {path} is a symbolic link that leads nowhere (a loop or a missing target)")
-    try:
-        place = path
-        while not place.exists():
-            if place.is_symlink():
-                raise PrecheckError(f"{what} {path}: {place} is a symbolic link that leads nowhere")
-            place = place.parent
-    except OSError as exc:  # ELOOP and the like
-        raise PrecheckError(f"{what} {path} cannot be used: {exc.strerror or exc}") from None
-    if not place.is_dir():
-        raise PrecheckError(f"{what} {path} cannot be a directory: {place} is a file")
-    if not os.access(place, os.W_OK | os.X_OK):  # a read-only mount too (EROFS)
-        raise PrecheckError(f"{what} {path} cannot be written: {place} is read-only for this user")
 
 
 def refuse_bad_command(argv: list[str]) -> None:
@@ -76,7 +58,7 @@ def check_command(overrides: list[str], multirun: bool) -> None:
     given = {o.key_or_group for o in parsed if not o.is_sweep_override()}
     if multirun or key in given or "out_dir" not in given or not cfg.out_dir:
         # a single run with out_dir runs there (harness.run.cli), checked as out_dir
-        check_dir(key, _dir_of(cfg, key))
+        check_destination(key, _dir_of(cfg, key))
     if multirun:
         check_sweep_size(_grid(cfg, parsed), int(cfg.sweep.max_jobs))
 
