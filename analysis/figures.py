@@ -12,8 +12,9 @@ PDF; a figure whose data is absent is skipped with a warning, and the command th
 naming it. Bad arguments (a results path that does not exist, an unknown figure, an output
 folder that cannot be written) stop it with one line and exit code 2 before any work. A run
 whose results.json is damaged or malformed is left out of its figure with a note naming the
-file. The attention figure reopens runs with harness.load_run; a run whose config names outside
-code (a dotted model.name) is refused unless ``--trust-code`` is given.
+file. The attention and anatomy figures reopen runs with harness.load_run; a run whose config
+names outside code (a dotted model.name, a hybrid's slot or model.attn, a task module) is
+refused before anything of it is imported, unless ``--trust-code`` is given.
 
 ``--smoke`` runs every experiment file of the profile (discovered from
 harness/conf/experiment/<profile>/, so a new experiment needs no list here) through the same
@@ -33,8 +34,8 @@ from pathlib import Path
 from analysis import smoke
 from analysis.loader import NoResultsError, find_results
 # The pipeline's pieces, importable from here as before (notebooks, tests).
-from analysis.pipeline import (FORMATS, FigureSpec, has_results, load_figure_data, render, report,  # noqa: F401
-                               extend_edge_rates, run_missing_sweeps, save_figure, sweep_command)
+from analysis.pipeline import (FORMATS, TRUST_FLAG, FigureSpec, has_results, load_figure_data, render,  # noqa: F401
+                               report, extend_edge_rates, run_missing_sweeps, save_figure, sweep_command)
 from analysis.plots import figures
 
 PROFILES = ("quick", "paper")
@@ -119,9 +120,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", help="plot existing results under this root; run nothing")
     parser.add_argument("--only", nargs="+", choices=[s.name for s in FIGURES], metavar="FIGURE",
                         help="draw only these figures: " + ", ".join(s.name for s in FIGURES))
-    parser.add_argument("--trust-code", action="store_true",
-                        help="let figures that reopen trained runs (attention) import the outside code a run's "
-                             "config names (a dotted model.name or task module); without it such a run is refused")
+    parser.add_argument(TRUST_FLAG, action="store_true",
+                        help="let figures that reopen trained runs (attention, anatomy) import the outside code a "
+                             "run's config names (a dotted model.name, a hybrid's slot, a task module); without it "
+                             "such a run is refused")
     parser.add_argument("--smoke", action="store_true",
                         help="run every experiment of the profile with one training step per job on the CPU "
                              "(results under results/<profile>-smoke), draw the figures, print the full cost")

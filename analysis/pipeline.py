@@ -14,6 +14,9 @@ from analysis.loader import NoResultsError, find_results, load_all
 from analysis.plots import FigureSpec  # noqa: F401  (what a figure is, declared beside its drawing code)
 from analysis.plots.common import FORMATS, save_figure, warn  # noqa: F401 (FORMATS: analysis.figures)
 from harness.errors import OutputError
+from harness.outputs.trust import UntrustedCode
+
+TRUST_FLAG = "--trust-code"  # python -m analysis.figures's flag for harness.load_run's trust_code
 
 
 def sweep_command(profile: str, experiment: str, sweep_dir: Path) -> list[str]:
@@ -156,8 +159,9 @@ def render(specs, root: Path, out_dir: Path, *, trust_code: bool = False) -> tup
     A figure whose data is absent is skipped with its warning; one that raises is reported;
     the others are still drawn either way. A run whose results.json is damaged or malformed is
     left out of its figure, named in a note (analysis.loader keeps it as a failed run).
-    ``trust_code``: figures that reopen runs may import the outside code (a dotted model.name)
-    their configs name (harness.load_run's trust_code); otherwise such a run is refused.
+    ``trust_code``: figures that reopen runs may import the outside code their configs name (a
+    dotted model.name, a hybrid's slot, a task module: harness.outputs.trust); otherwise such a
+    figure is skipped with one warning that names TRUST_FLAG.
     """
     written, missed = {}, []
     for spec in specs:
@@ -166,6 +170,10 @@ def render(specs, root: Path, out_dir: Path, *, trust_code: bool = False) -> tup
             fig = spec.draw() if spec.experiment is None else spec.draw(load_figure_data(root, spec), **options)
         except NoResultsError as err:
             warn(f"figure {spec.name} skipped: {err}")
+            missed.append(spec.name)
+            continue
+        except UntrustedCode as err:  # refused before any import: say what to add to this command
+            warn(f"figure {spec.name} skipped: {err.asking(TRUST_FLAG)}")
             missed.append(spec.name)
             continue
         except Exception as err:  # one broken figure must not cost the others

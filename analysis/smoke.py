@@ -131,10 +131,14 @@ GPU_UTILISATION = 0.40
 def train_length(config: dict) -> int | None:
     """The training sequence length of a run's flat config, as its task derives it (a mixture
     pads to its longest entry; interference without seq_len stores its pairs and queries); None
-    for a task that cannot be built from the config."""
+    for a task that cannot be built from the config, or that is outside code (a results.json
+    is data: drawing from it imports nothing it names, harness.outputs.trust)."""
+    from harness.outputs.trust import code_names
     from harness.tasks import get_task
     from harness.tasks import train_length as task_length
 
+    if "task.name" in code_names({"task.name": config.get("task.name")}):
+        return None
     try:
         module = get_task(str(config.get("task.name")))
         fields = {k[len("task."):]: v for k, v in config.items() if k.startswith("task.") and k != "task.name"}

@@ -17,8 +17,9 @@ allocator.configure()
 
 def load_run(run_dir, *, device="cpu", trust_code=False):
     """A finished run's model (trained weights), config and results: harness.outputs.load.Run.
-    ``trust_code=True`` allows a run whose config names outside code (a dotted model.name or
-    task module), which loading imports and runs; built-in mixers and tasks need nothing."""
+    ``trust_code=True`` allows a run whose config names outside code (a dotted model.name, a
+    hybrid's slot or model.attn, a task module: harness.outputs.trust), which loading imports and
+    runs; built-in mixers and tasks need nothing."""
     from harness.outputs.load import load_run as load
 
     return load(run_dir, device=device, trust_code=trust_code)

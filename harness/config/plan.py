@@ -35,6 +35,7 @@ class RunPlan:
     digest: str                          # its hash: what a checkpoint or a finished run belongs to
     eval_tokens: Optional[int] = None    # train: tokens per evaluation pass that fit (harness.run.resources)
     core: Optional[tuple[str, int]] = None  # cost: the mixer's harness.ops core and key dimension
+    source: Any = None                   # a derived mode (ablate): the run it reads (harness.outputs.source)
     checked: bool = True                 # the ModelConfig has passed validation (not a reopened run's)
 
     @property

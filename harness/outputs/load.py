@@ -14,9 +14,12 @@ nothing in it is taken on trust:
 - the model is rebuilt from the config saved beside the weights, which must be the config
   results.json describes (the files of two runs mixed are refused, naming the keys that differ),
   and the weights must fit the model that config builds, key for key and shape for shape;
-- a model or task that the config names by a dotted path is code outside the harness, which
-  building it would import and run: as with Hugging Face's ``trust_remote_code``, that needs
-  ``trust_code=True``; the built-in mixers and tasks load freely.
+- a config that names code outside the harness (a dotted model.name, a hybrid's slot or
+  model.attn, a task module), which building it would import and run, is refused before anything
+  is imported unless ``trust_code=True`` (harness.outputs.trust, as Hugging Face's
+  ``trust_remote_code``); the built-in mixers and tasks load freely;
+- results.json's recorded config must hash to its config_hash (harness.outputs.results), so an
+  edited file cannot describe another model than the one it was written for.
 """
 from __future__ import annotations
 
@@ -31,11 +34,10 @@ from omegaconf import DictConfig, OmegaConf
 from harness.config.digest import config_differences, flat_config, flat_hash, hashed_items
 from harness.config.plan import reopen
 from harness.errors import DamagedFile
-from harness.layers import registry
 from harness.model import LanguageModel
 from harness.outputs.checkpoint import MODEL_FILE, load_model
 from harness.outputs.results import CONFIG_FILE, RESULTS_FILE, parse_results
-from harness.tasks import is_outside
+from harness.outputs.trust import PYTHON, check_trusted
 
 
 @dataclass
@@ -56,10 +58,12 @@ class Run:
         return self.task_module.make_batch(chosen, batch_size, seed=seed, device=device, split=split)
 
 
-def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu", trust_code: bool = False) -> Run:
+def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu", trust_code: bool = False,
+             flag: str = PYTHON) -> Run:
     """The run in `run_dir` (a directory with model.pt and results.json); ValueError with one
     line if it is not a finished run with saved weights, if they are damaged or do not belong
-    to its config, or if its config names outside code and `trust_code` is not set."""
+    to its config, or if its config names outside code and `trust_code` is not set (the refusal,
+    harness.outputs.trust.UntrustedCode, names `flag`: what to set at the caller's entry point)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"load_run: {run_dir} is not a directory")
@@ -69,34 +73,23 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu", trust_c
                          f"{CONFIG_FILE} (a sweep keeps each run in a numbered directory inside it)")
     saved = load_model(run_dir, results=results)
     weights = run_dir / MODEL_FILE
+    # before anything is built: every key of either file that names code (nothing imported yet)
+    recorded = (results or {}).get("config")
+    for config in (saved["config"], recorded if isinstance(recorded, dict) else {}):
+        check_trusted(config, trust_code, where=run_dir, flag=flag)
     try:
         cfg = OmegaConf.create(saved["config"])
-        names = {"model.name": cfg.model.name, "task.name": cfg.task.name}
+        name = cfg.model.name
     except Exception as exc:  # a config that is not one (edited, or from another program)
         raise DamagedFile(f"{weights} is damaged: its config is not a run's config ({type(exc).__name__})") from None
-    check_trusted(run_dir, names, trust_code)
     if results is not None:
         _check_same_run(weights, saved["config"], results)
     plan = reopen(cfg, torch.device(device))
     model = plan.build_model()
-    _load_weights(model, saved["model"], weights, names["model.name"])
+    _load_weights(model, saved["model"], weights, name)
     model.to(device).eval()
     return Run(dir=run_dir, model=model, config=cfg, results=results or {},
                task_module=plan.module, task_config=plan.tcfg)
-
-
-def check_trusted(run_dir: Path, names: dict[str, Any], trust_code: bool) -> None:
-    """Refuse (one line) a model.name or task.name that is not built in, i.e. a dotted path that
-    building the run would import, unless the caller trusts the run's code."""
-    # a mixer is imported only by a dotted path; a task by any name that is not built in
-    outside = {key: name for key, name in names.items()
-               if (registry.is_dotted(name) and name not in registry.builtin_names() if key == "model.name"
-                   else is_outside(name))}
-    if outside and not trust_code:
-        what = ", ".join(f"{key}={name}" for key, name in outside.items())
-        raise ValueError(f"load_run: {run_dir} names code outside the harness ({what}); loading it would "
-                         "import and run that module: if you trust it, pass trust_code=True "
-                         "(python -m analysis.figures: --trust-code)")
 
 
 def _check_same_run(weights: Path, saved_config: dict[str, Any], results: dict[str, Any]) -> None:

@@ -20,15 +20,14 @@ def _row_line(r: dict[str, Any]) -> str:
 
 
 def ablate_mode(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
-    """harness.measure.ablate.ablate_run on the run `ablate.run` names, into out_dir."""
-    from harness import load_run
+    """harness.measure.ablate.ablate_run on the run `ablate.run` names (checked, and its identity
+    in this run's, when the plan was made: harness.outputs.source), into out_dir."""
     from harness.measure.ablate import ablate_run
+    from harness.outputs.source import open_source
 
     cfg, ab = plan.cfg, plan.cfg.ablate
-    if not ab.run:
-        raise ValueError("mode=ablate needs ablate.run=<a trained run's directory>")
     started = time.time()
-    run = load_run(ab.run, device=str(plan.device), trust_code=ab.trust_code)
+    run = open_source(plan)
     found = ablate_run(run.model, run.config, examples=ab.examples, seed=ab.seed, kinds=list(ab.kinds),
                        patch=ab.patch)
     own = run.results.get("summary", {})

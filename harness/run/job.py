@@ -58,14 +58,17 @@ def dispatch(plan: RunPlan, run: RunDir) -> dict[str, Any]:
 
 
 def plan_for(cfg: DictConfig, made: RunPlan | None = None) -> RunPlan:
-    """The run's plan with its resources checked: ``made`` (the CLI prepares a single run before
-    Hydra starts it) when it is of this very config, else cfg prepared here (its one validation)."""
+    """The run's plan with its resources checked and, for a mode that reads a run (ablate), that
+    run's identity in its hash (harness.outputs.source.derive): ``made`` (the CLI prepares a
+    single run before Hydra starts it) when it is of this very config, else cfg prepared here
+    (its one validation)."""
     from harness.config.validate import resolved
+    from harness.outputs.source import derive
     from harness.run.resources import check_resources
 
     if made is not None and resolved(made.cfg) == resolved(cfg):
         return replace(made, cfg=cfg)
-    return check_resources(prepare(cfg))
+    return derive(check_resources(prepare(cfg)))
 
 
 def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -> dict[str, Any]:
