@@ -125,15 +125,17 @@ def test_load_all_is_every_table_in_one_long_frame(tree):
 
 
 def test_nested_config_lists_and_extra_scalars(tmp_path):
+    from harness.config.digest import config_hash
+
+    config = {"model": {"d_model": 32}, "task": {"test_num_pairs": [4, 8]}}
     payload = {"schema": 1, "mode": "train", "status": "ok", "error": None, "task": "recall",
-               "model": "elu", "config_hash": "abc123",
-               "config": {"model": {"d_model": 32}, "task": {"test_num_pairs": [4, 8]}},
+               "model": "elu", "config_hash": config_hash(config), "config": config,
                "summary": {"accuracy": 0.5}, "env": {"versions": {"torch": "2.13"}}}
     (tmp_path / "results.json").write_text(json.dumps(payload))
     run = load_results(tmp_path).iloc[0]
-    assert run["config.model.d_model"] == 32
+    assert run["status"] == "ok" and run["config.model.d_model"] == 32
     assert run["config.task.test_num_pairs"] == (4, 8)      # hashable, so groupby works
-    assert run["config_hash"] == "abc123" and run["env.versions.torch"] == "2.13"
+    assert run["config_hash"] == config_hash(config) and run["env.versions.torch"] == "2.13"
 
 
 def test_results_root_follows_the_environment(monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -52,9 +53,21 @@ def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
             and not (k in _HASH_IF_SET and v is None) and applies(k)}
 
 
+def _as_recorded(value: Any) -> Any:
+    """A value as results.json keeps it (JSON has no NaN or infinity: they are written as null),
+    so a config hashes the same before it is written and after it is read back."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _as_recorded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_recorded(v) for v in value]
+    return value
+
+
 def flat_hash(flat: dict[str, Any]) -> str:
     """The hash of a flat config (its hashed_items)."""
-    blob = json.dumps(hashed_items(flat), sort_keys=True, default=str)
+    blob = json.dumps(_as_recorded(hashed_items(flat)), sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 

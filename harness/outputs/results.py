@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from harness.errors import DamagedFile, OutputError
+from harness.errors import DamagedFile, OutputError, shown
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
@@ -180,7 +180,28 @@ def parse_results_file(path: Path) -> dict[str, Any]:
     schema = data.get("schema", "absent")
     if type(schema) is not int or schema != SCHEMA_VERSION:
         raise DamagedResults(path, f"'schema' is {schema!r}; this harness reads schema {SCHEMA_VERSION}")
+    why = recorded_hash_differs(data)
+    if why:
+        raise DamagedResults(path, why)
     return data
+
+
+def recorded_hash_differs(data: dict[str, Any]) -> str | None:
+    """Why a results.json's identity is not its own, or None: the config it records must hash to
+    the config_hash it records (what a sweep's skip check and harness.load_run match on), or the
+    file was edited to describe another run than the one that wrote it."""
+    from harness.config.digest import flat_config, flat_hash
+
+    digest, recorded = data.get("config_hash"), data.get("config")
+    if digest is None or not isinstance(recorded, dict):
+        return None  # nothing to compare (the loader says what is wrong with a config that is no object)
+    if not isinstance(digest, str):
+        return f"'config_hash' is {type(digest).__name__} ({shown(repr(digest))}), not a hash"
+    actual = flat_hash(flat_config(recorded))
+    if actual != digest:
+        return (f"'config_hash' is {shown(digest)}, but the config it records hashes to {actual}: the file "
+                "was edited, or holds the parts of two runs")
+    return None
 
 
 def parse_results(run_dir: Path) -> dict[str, Any] | None:
