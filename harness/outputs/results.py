@@ -101,7 +101,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` then rename tmp onto path: readers (and a rerun after SIGKILL) see
     the old file or the new one, never half of one. An OSError (unwritable directory, full
     disk, a directory where the file should go) leaves no temporary file behind and becomes an
-    OutputError naming the file."""
+    OutputError naming the file; an interruption (Ctrl-C) leaves none behind either."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -114,6 +114,9 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     except OSError as exc:
         discard(tmp)
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    except BaseException:  # Ctrl-C or a stop signal mid-write: the old file stays, no temporary one
+        discard(tmp)
+        raise
 
 
 def write_text(path: Path, text: str) -> None:

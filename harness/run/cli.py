@@ -83,6 +83,15 @@ def _check_finished(plan, out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C where no run handles it (starting up; a second Ctrl-C in training)
+        print("harness: error: stopped by SIGINT (Ctrl-C); a training run's last checkpoint stands: "
+              "run the same command again to resume", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     overwrite = any(a.lower() in OVERWRITE for a in argv)
     argv = [a for a in argv if a.lower() not in OVERWRITE]

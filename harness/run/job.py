@@ -2,7 +2,10 @@
 claimed (harness.outputs.rundir), dispatch on `mode`, the outcome recorded.
 
 In a sweep a failing job writes a results.json with status "failed" and its error, and the
-sweep goes on; `harness.run.sweep.SweepSummary` reports what failed and why at the end.
+sweep goes on; `harness.run.sweep.SweepSummary` reports what failed and why at the end. A mode
+other than training has no step to finish and checkpoint: SIGINT or SIGTERM stops it at once
+(harness.train.faults.Stopped), in one line with exit code 130 or 143, and it writes nothing (a
+single run's directory that this start made goes again).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from harness.errors import (OutOfMemory, OutputError, RunError, first_line, in_o
                             shown)
 from harness.outputs.results import RESULTS_FILE, base_results, write_json
 from harness.outputs.rundir import RunDir, Where, claim, discard_refused
+from harness.train.faults import StopRequest, Stopped
 
 
 def _hydra_context(fresh: bool) -> Where:
@@ -90,9 +94,14 @@ def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -
     if run.done is not None:
         print(f"[harness] skip: results for this config exist in {run.done}")
         return {"status": "skipped", "dir": str(run.done)}
+    goes_on = where.multirun and not cfg.sweep.fail_on_error
     try:
-        goes_on = where.multirun and not cfg.sweep.fail_on_error
         return _run_claimed(plan, run, goes_on, failure, base_results(cfg, flat, digest))
+    except Stopped as stop:  # a measurement mode stopped at once: it leaves nothing behind
+        run.release()
+        if not where.multirun:
+            discard_refused(cfg, where)
+        return _give_up(stop, goes_on)
     finally:
         run.release()
 
@@ -103,6 +112,7 @@ def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exce
     recorded as a failed run. ``record``: the start of its results.json; ``goes_on``: a failure
     is reported and the sweep continues."""
     started = time.time()
+    stop = None
     try:
         if failure is not None:
             raise failure
@@ -110,6 +120,8 @@ def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exce
             import torch
 
             torch.set_num_threads(plan.cfg.trainer.threads)
+        if plan.mode != "train":  # no step to finish and checkpoint: a stop signal ends it at once
+            stop = StopRequest(at_once=f"mode={plan.mode}")
         return dispatch(plan, run)
     except KeyboardInterrupt:
         raise
@@ -126,6 +138,9 @@ def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exce
         except OutputError as lost:  # e.g. the disk is full: the reason still reaches the user
             also = f"; {RESULTS_FILE} was not written either ({lost})" if str(lost) != str(exc) else ""
         return _give_up(exc, goes_on, also)
+    finally:
+        if stop is not None:
+            stop.restore()
 
 
 def _refused(exc: BaseException, cfg: DictConfig, where: Where) -> dict[str, Any]:
@@ -144,8 +159,8 @@ def _give_up(exc: BaseException, goes_on: bool, also: str = "") -> dict[str, Any
         goes_on_as = "sweep stops" if hasattr(exc, "exit_code") else "sweep continues"  # stopped by a signal
         print(f"[harness] run failed ({type(exc).__name__}: {shown(exc)}{also}); {goes_on_as}", file=sys.stderr)
         return {"status": "failed", "error": str(exc)}
-    if in_one_line(exc):
+    if in_one_line(exc) or isinstance(exc, Stopped):
         print(f"harness: error: {shown(exc)}{also}", file=sys.stderr)
-        # a run stopped by a signal exits as the shell reports one (harness.train.faults.Interrupted)
+        # a run stopped by a signal exits as the shell reports one (harness.train.faults.Interrupted, Stopped)
         raise SystemExit(getattr(exc, "exit_code", 2 if isinstance(exc, ValueError) else 1)) from None
     raise exc

@@ -195,19 +195,33 @@ class Interrupted(RunError):
         self.exit_code = 128 + signum
 
 
+class Stopped(BaseException):
+    """A run with nothing to keep (a measurement mode: probe, cost, ablate) stopped at once by
+    SIGTERM or SIGINT. A BaseException, as KeyboardInterrupt is: no ``except Exception`` of the
+    code it interrupts can take it for that code's own failure. ``exit_code``: 128 + the signal."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 class StopRequest:
     """SIGTERM (a cluster pre-empting or cancelling the job) and SIGINT (Ctrl-C) set ``signum``;
     the training loop then checkpoints after the current step and stops, so the rerun loses no
     work. A second SIGINT stops at once (KeyboardInterrupt), as a user pressing Ctrl-C twice
-    expects. Only the main thread can own a signal handler; elsewhere this never fires.
+    expects. ``at_once``: what runs, for one that has no step to finish (a measurement mode):
+    the first signal raises Stopped there and then. Only the main thread can own a signal
+    handler; elsewhere this never fires.
 
     ``received()``: the signal this process was asked to stop by, if any, kept after the run
     (a sweep's worker exits on it instead of taking the next job: harness.run.sweep)."""
 
     _received: int | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, at_once: str | None = None) -> None:
         self.signum: int | None = None
+        self.at_once = at_once
         self._previous: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
@@ -222,6 +236,9 @@ class StopRequest:
             raise KeyboardInterrupt
         self.signum = signum
         StopRequest._received = signum
+        if self.at_once is not None:
+            raise Stopped(f"stopped by {signal.Signals(signum).name} during {self.at_once}; nothing was "
+                          "written: run the same command again", signum)
 
     def stopped(self, step: int, checkpoint) -> Interrupted:
         """The error that ends a run stopped at ``step`` with ``checkpoint`` holding it."""
