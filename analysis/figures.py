@@ -60,6 +60,9 @@ def check_arguments(args) -> tuple[Path, Path]:
             raise ArgumentError("--smoke runs its own sweeps: give --out (and no --results)")
         if not root.exists():
             raise ArgumentError(f"--results {root}: no such file or directory")
+        if not root.is_dir():
+            raise ArgumentError(f"--results {root} is a file: give the folder that holds the sweeps "
+                                "(results/<profile>, one folder per experiment)")
         try:
             find_results(root)
         except NoResultsError as err:

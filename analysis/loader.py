@@ -16,8 +16,9 @@ run's becomes ``run.model``).
 Failed and unfinished runs never stop a load: a run directory without results.json is
 skipped, an unreadable or malformed results.json is kept as a failed run whose error names the
 file, and a run without a table simply contributes no rows to it. Unreadable includes a file
-that is not regular or is past a size bound, a schema other than the harness's, and a value a
-figure could not use (a text where the schema has a number, a non-finite summary number): the
+that is not regular or is past a size bound, a schema other than the harness's, a config that
+does not hash to the config_hash beside it (an edited file), a model label whose layer counts
+are malformed or past any stack, and a value a figure could not use (a text where the schema has a number, a non-finite summary number): the
 error then names the key too (:func:`unusable_values`), and the figure's note names the run.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.model import stack_slots
 from harness.outputs.results import DamagedResults, parse_results_file
 
 RESULTS_FILE = "results.json"
@@ -132,8 +134,9 @@ def read_run(file: str | os.PathLike) -> tuple[dict, dict[str, list[dict]]]:
 
 def malformed(data) -> None:
     """ValueError saying what is wrong with a parsed results.json that is not shaped as the
-    harness writes it (schema in the README): an object whose run fields are plain values and
-    whose config, summary and env are objects. Table rows that are not objects are skipped."""
+    harness writes it (schema in the README): an object whose run fields are plain values, whose
+    model label reads as a stack (harness.model.stack_slots) and whose config, summary and env are
+    objects. Table rows that are not objects are skipped."""
     if not isinstance(data, dict):
         raise ValueError(f"top level is {type(data).__name__}, not an object")
     for key in ("config", "summary", "env"):
@@ -142,6 +145,11 @@ def malformed(data) -> None:
     for key in RUN_COLUMNS[1:]:
         if isinstance(data.get(key), (dict, list)):
             raise ValueError(f"'{key}' is {type(data[key]).__name__}, not a single value")
+    if isinstance(data.get("model"), str):
+        try:  # the figures read a stack's layers off its label: counts bounded before any list is made
+            stack_slots(data["model"])
+        except ValueError as exc:
+            raise ValueError(f"'model': {exc}") from None
 
 
 # The numbers the figures aggregate (README: the results.json schema), in the summary and in the

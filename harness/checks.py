@@ -27,6 +27,12 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # True is an int in Python
 
 
+# Every integer a config holds becomes a size, an index or a seed of torch, all signed 64-bit: a
+# larger one cannot become any (model.window = 10^20 trained, then failed with an OverflowError
+# while measuring), so it is refused with the rest of the config.
+INT64_MAX = 2**63 - 1
+
+
 def _int_kind(minimum: int, maximum: int | None) -> str:
     if maximum is not None:
         return f"an integer in [{minimum}, {maximum}]"
@@ -34,12 +40,23 @@ def _int_kind(minimum: int, maximum: int | None) -> str:
     return named.get(minimum, f"an integer >= {minimum}")
 
 
+def _too_large(value: Any, maximum: int | None) -> bool:
+    return _is_int(value) and value > (INT64_MAX if maximum is None else maximum)
+
+
+def _int_allowed(minimum: int, maximum: int | None, value: Any) -> str:
+    """What an integer check allows, naming the 64-bit bound only to a value past it."""
+    if maximum is None and _too_large(value, None):
+        return f"{_int_kind(minimum, None)} below 2**63 (torch's integers are 64-bit)"
+    return _int_kind(minimum, maximum)
+
+
 def integer(key: str, value: Any, minimum: int = 1, *, maximum: int | None = None,
             nullable: bool = False) -> None:
     if value is None and nullable:
         return
-    if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):
-        fail(key, _or_null(_int_kind(minimum, maximum), nullable), value)
+    if not _is_int(value) or value < minimum or _too_large(value, maximum):
+        fail(key, _or_null(_int_allowed(minimum, maximum, value), nullable), value)
 
 
 def number(key: str, value: Any, interval: str, *, nullable: bool = False) -> None:
@@ -85,8 +102,9 @@ def int_list(key: str, values: Any, minimum: int = 1, *, nullable: bool = False)
     if values is None and nullable:
         return
     if not isinstance(values, (list, tuple)) or not values or not all(
-            _is_int(v) and v >= minimum for v in values):
-        fail(key, _or_null(f"a non-empty list of integers >= {minimum}", nullable), values)
+            _is_int(v) and minimum <= v <= INT64_MAX for v in values):
+        big = " below 2**63" if isinstance(values, (list, tuple)) and any(_too_large(v, None) for v in values) else ""
+        fail(key, _or_null(f"a non-empty list of integers >= {minimum}{big}", nullable), values)
 
 
 def choice_list(key: str, values: Any, valid: Sequence[str]) -> None:

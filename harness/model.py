@@ -98,6 +98,14 @@ class ModelConfig:
 
 # Keys of the whole model, not of a slot: a hybrid's slot mapping cannot set them.
 WHOLE_MODEL_KEYS = ("d_model", "n_layers", "layers", "attn_every", "attn", "pos_emb", "tie_embeddings", "form")
+# The deepest stack the harness builds, far past any model it trains (a thousand layers fit a
+# memory cap): a bound on model.n_layers and on the layers a stack label may count, checked
+# before anything is made per layer (a list of 10^9 slot configs would be made before the
+# memory check could refuse it).
+MAX_LAYERS = 10_000
+# A label names the run directory (outputs/<task>-<label>/...): past this many characters it is
+# cut and tagged with a digest of the whole (dir_label), so a directory name always fits.
+DIR_LABEL_CHARS = 96
 
 
 def is_hybrid(cfg: ModelConfig) -> bool:
@@ -113,14 +121,21 @@ def _slot_spec(spec: Any, where: str) -> dict:
     checks.fail(where, "a mixer name or a mapping {name: <mixer>, <model key>: <value>, ...}", spec)
 
 
+def _check_layer_list(layers: Any) -> None:
+    if not isinstance(layers, (list, tuple)) or not layers:
+        checks.fail("model.layers", "a non-empty list of mixers, one per layer", layers)
+    if len(layers) > MAX_LAYERS:
+        checks.fail("model.layers", f"a list of at most {MAX_LAYERS:,} mixers", f"{len(layers):,} of them")
+
+
 def slot_specs(cfg: ModelConfig) -> list[dict]:
     """One {"name": ..., overrides} per layer of a hybrid (model.layers, or model.attn_every)."""
     if cfg.layers is not None:
-        if not isinstance(cfg.layers, (list, tuple)) or not cfg.layers:
-            checks.fail("model.layers", "a non-empty list of mixers, one per layer", cfg.layers)
+        _check_layer_list(cfg.layers)
         return [_slot_spec(spec, f"model.layers[{i}]") for i, spec in enumerate(cfg.layers)]
     k = cfg.attn_every
     checks.integer("model.attn_every", k)
+    checks.integer("model.n_layers", cfg.n_layers, maximum=MAX_LAYERS)  # before a list of that many
     attn = _slot_spec(cfg.attn, "model.attn")
     return [attn if (i + 1) % k == 0 else {"name": cfg.name} for i in range(cfg.n_layers)]
 
@@ -130,6 +145,7 @@ def layer_configs(cfg: ModelConfig) -> list[ModelConfig]:
     model; in a hybrid, cfg with the slot's mixer and overrides (model.options only in outside
     slots). One place derives a slot's settings: the build, validation and accounting read it."""
     if not is_hybrid(cfg):
+        checks.integer("model.n_layers", cfg.n_layers, maximum=MAX_LAYERS)
         return [cfg] * cfg.n_layers
     out = []
     for i, spec in enumerate(slot_specs(cfg)):
@@ -166,6 +182,37 @@ def stack_label(names: list[str]) -> str:
     return "+".join(name if n == 1 else f"{name}*{n}" for name, n in runs)
 
 
+def stack_slots(text: str) -> list[str]:
+    """The mixer of each layer of a label (stack_label's inverse): gated_deltanet*3+softmax ->
+    [gated_deltanet, gated_deltanet, gated_deltanet, softmax]. A label is data (results.json
+    holds it), so its counts are checked before a list is made of them: ValueError (one line) for
+    an empty name, a count that is not a positive integer, or more than MAX_LAYERS layers in all."""
+    parts = [part.partition("*") for part in str(text).split("+")]
+    counts = []
+    for name, star, count in parts:
+        if not name or (star and not (count.isascii() and count.isdigit() and int(count) > 0)):
+            shown = f"{name}{star}{count}"
+            raise ValueError(f"model label {text[:80]!r} is no stack: {shown[:40]!r} is not <mixer> or "
+                             "<mixer>*<count>")
+        counts.append(int(count) if star else 1)
+    if sum(counts) > MAX_LAYERS:
+        raise ValueError(f"model label {text[:80]!r} counts {sum(counts):,} layers, more than any stack "
+                         f"(model.n_layers is at most {MAX_LAYERS:,})")
+    return [name for (name, _, _), n in zip(parts, counts) for _ in range(n)]
+
+
+def dir_label(cfg: ModelConfig) -> str:
+    """label(cfg) as a run directory's name takes it: whole up to DIR_LABEL_CHARS characters, else
+    its start and a digest of the whole (two long stacks keep two directories)."""
+    import hashlib
+
+    text = label(cfg)
+    if len(text) <= DIR_LABEL_CHARS:
+        return text
+    tail = f"...{len(layer_configs(cfg))}-layers-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+    return text[:DIR_LABEL_CHARS - len(tail)] + tail
+
+
 def validate(cfg: ModelConfig) -> None:
     """Raise ValueError with one line naming the `model.<field>` at fault if cfg cannot build a
     model; a hybrid's slots each as a model of their own, the message naming the slot."""
@@ -178,8 +225,9 @@ def validate(cfg: ModelConfig) -> None:
         key = next(iter(cfg.options))
         raise ValueError(f"model.options.{key}: the built-in mixer {cfg.name!r} takes no options "
                          "(its settings are model.* keys); model.options is for outside mixers")
-    for field in ("d_model", "n_layers", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_heads",
-                  "retnet_heads", "dpfp_nu"):
+    checks.integer("model.n_layers", cfg.n_layers, maximum=MAX_LAYERS)
+    for field in ("d_model", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_heads", "retnet_heads",
+                  "dpfp_nu"):
         checks.integer(f"model.{field}", getattr(cfg, field))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
     checks.integer("model.favor_features", cfg.favor_features, nullable=True)
@@ -216,14 +264,22 @@ def validate(cfg: ModelConfig) -> None:
 def validate_hybrid(cfg: ModelConfig) -> None:
     if cfg.layers is not None and cfg.attn_every is not None:
         raise ValueError("model.layers and model.attn_every: set one (the list, or its short form)")
+    if cfg.layers is not None:
+        _check_layer_list(cfg.layers)  # an empty list is no stack, whatever model.n_layers says
     checks.integer("model.attn_every", cfg.attn_every, nullable=True)
-    checks.integer("model.n_layers", cfg.n_layers)
+    checks.integer("model.n_layers", cfg.n_layers, maximum=MAX_LAYERS)
     if cfg.attn_every is not None and cfg.attn_every > cfg.n_layers:
         checks.fail("model.attn_every", f"at most model.n_layers={cfg.n_layers} (else no layer is attention)",
                     cfg.attn_every)
     if cfg.layers is not None and cfg.n_layers != len(cfg.layers):
         checks.fail("model.n_layers", f"{len(cfg.layers)}, the length of model.layers (or unset)", cfg.n_layers)
-    for i, slot in enumerate(layer_configs(cfg)):
+    slots = layer_configs(cfg)
+    if cfg.options and not any(registry.is_dotted(slot.name) for slot in slots):
+        key = next(iter(cfg.options)) if isinstance(cfg.options, Mapping) else ""
+        raise ValueError(f"model.options.{key}: no layer of this stack is an outside mixer (model.options goes "
+                         "to the outside slots; a built-in mixer's settings are model.* keys, or a slot's own "
+                         "mapping: {name: swa, window: 16})")
+    for i, slot in enumerate(slots):
         where = f"model.layers[{i}]" if cfg.layers is not None else f"layer {i}"
         try:
             validate(slot)

@@ -22,6 +22,7 @@ from analysis.plots.common import (MissingData, caption, draw_estimates, figure,
                                    plain_log_axes, require, setting_values, table)
 from analysis.plots.palette import mixer_markers
 from harness.layers.registry import keeps_keys
+from harness.model import stack_slots
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -34,12 +35,9 @@ ALL = "all"
 
 
 def slots(label: str) -> list[str]:
-    """gated_deltanet*3+softmax -> [gated_deltanet, gated_deltanet, gated_deltanet, softmax]."""
-    out = []
-    for part in str(label).split("+"):
-        name, _, count = part.partition("*")
-        out += [name] * (int(count) if count else 1)
-    return out
+    """gated_deltanet*3+softmax -> [gated_deltanet, gated_deltanet, gated_deltanet, softmax]
+    (harness.model.stack_slots: its counts bounded, a malformed label one ValueError)."""
+    return stack_slots(label)
 
 
 def stack_columns(runs: pd.DataFrame) -> pd.DataFrame:

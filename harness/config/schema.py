@@ -134,14 +134,15 @@ def register_task(name: str) -> None:
 
 def model_label(model) -> str:
     """`${model_label:${model}}`: the model's name as run directories show it (a hybrid's slots,
-    gated_deltanet*3+softmax, harness.model.label); model.name where the config cannot say more
-    (validation reports what is wrong with it, once, later)."""
+    gated_deltanet*3+softmax, harness.model.label; a long one cut to a name a file system takes,
+    harness.model.dir_label); model.name where the config cannot say more (validation reports
+    what is wrong with it, once, later)."""
     from omegaconf import OmegaConf
 
-    from harness.model import label
+    from harness.model import dir_label
 
     try:
-        return label(ModelConfig(**OmegaConf.to_container(model, resolve=True)))
+        return dir_label(ModelConfig(**OmegaConf.to_container(model, resolve=True)))
     except Exception:  # any bad value: the plan's validation names it in one line
         return str(model.get("name"))
 

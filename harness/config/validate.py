@@ -153,14 +153,15 @@ def resolved(cfg: DictConfig) -> dict:
 def _check_positions_extrapolate(mcfg: ModelConfig, module, tcfg) -> None:
     """Learned absolute positions have no embedding past the training length: evaluating
     longer sequences is refused (rotary, or no positions with the short convolution, extrapolate)."""
-    from harness.model import uses_learned_positions
+    from harness.model import label, uses_learned_positions
     from harness.tasks import train_length
 
     if not uses_learned_positions(mcfg):
         return
     trained, longest = train_length(module, tcfg), module.max_seq_len(tcfg)
+    what = f"the stack {label(mcfg)} (model.layers)" if is_hybrid(mcfg) else f"model={mcfg.name}"
     checks.require(longest <= trained,
-                   f"model={mcfg.name} has learned absolute positions, trained at length {trained}: "
+                   f"{what} has learned absolute positions, trained at length {trained}: "
                    f"they cannot be evaluated at length {longest} (task.test_seq_len); for length "
                    f"experiments set model.rotary=true model.pos_emb=none, or model.pos_emb=none "
                    f"(no positions, with the short convolution)")
