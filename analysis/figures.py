@@ -74,10 +74,17 @@ def check_arguments(args) -> tuple[Path, Path]:
 
 
 def _check_writable(folder: Path, what: str) -> None:
-    """Create ``folder`` (and its parents) and write a file there: a place that cannot take the
-    figures fails now, not after an hour of sweeps."""
+    """Check ``folder`` as every writer of the harness does (harness.outputs.paths.check_destination:
+    never inside the package's config), create it (and its parents) and write a file there: a
+    place that cannot take the figures fails now, not after an hour of sweeps."""
     import tempfile
 
+    from harness.outputs.paths import check_destination
+
+    try:
+        check_destination(what, folder)
+    except ValueError as err:
+        raise ArgumentError(str(err)) from None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):

@@ -66,8 +66,10 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
     returns {(rate, width): models}; {} without a pilot or where the experiment's own grid has
     several rates."""
     import csv
+    import io
 
     from harness.config.compose import CONF_DIR
+    from harness.outputs.results import write_text
 
     name = lr_edge.pilot_name(experiment)
     folder = CONF_DIR / "experiment" / ("" if profile == "quick" else profile)
@@ -82,10 +84,11 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
             warn(f"rate pilot {name} exited with status {code}")
     choices = lr_edge.pilot_choices(lr_edge.run_scores(pilot_dir))
     if choices:
-        with open(pilot_dir / "chosen_rates.csv", "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(choices[0]))
-            writer.writeheader()
-            writer.writerows(choices)
+        table = io.StringIO(newline="")
+        writer = csv.DictWriter(table, fieldnames=list(choices[0]))
+        writer.writeheader()
+        writer.writerows(choices)
+        write_text(pilot_dir / "chosen_rates.csv", table.getvalue())  # whole or not at all
     else:
         warn(f"rate pilot {name}: no finished run; {experiment} runs at its own grid's rates")
     return lr_edge.rate_groups(choices)

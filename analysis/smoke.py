@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from analysis.pipeline import compose_experiment, render, report, sweep_command, sweep_params
+from harness.outputs.results import write_text
 
 SMOKE_BATCH = 2
 SMOKE = ["logger=none", "trainer.max_steps=1", f"trainer.batch_size={SMOKE_BATCH}",
@@ -80,7 +81,7 @@ def run(profile: str, root: Path, out_dir: Path, specs, *, smoke_grid: str = "al
     elapsed = time.time() - started
     written, missed = render(specs, root, out_dir)
     estimate = cost_estimate(profile, root, names)
-    (root / COST_FILE).write_text(json.dumps(estimate, indent=2) + "\n")
+    write_text(root / COST_FILE, json.dumps(estimate, indent=2) + "\n")  # whole or not at all
     print(format_estimate(estimate, profile, elapsed))
     if failed:
         print(f"python -m analysis.figures: smoke sweeps that failed: {', '.join(failed)}", file=sys.stderr)

@@ -96,6 +96,21 @@ def tmpfs(where, options: str):
         subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
 
 
+@pytest.fixture
+def read_only(tmp_path):
+    """A directory this process cannot write in: a read-only tmpfs mount (as root, who writes
+    through permission bits), or a directory without write permission; skipped where neither is."""
+    place = tmp_path / "ro"
+    place.mkdir()
+    if os.geteuid() != 0:
+        place.chmod(0o555)
+        yield place
+        place.chmod(0o755)
+        return
+    with tmpfs(place, "ro,size=64k"):
+        yield place
+
+
 def draw_figure(root, name: str):
     """The figure `name` drawn from the results under `root`, as `python -m analysis.figures` draws it."""
     from analysis import figures

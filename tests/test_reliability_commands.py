@@ -8,24 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import tmpfs
 
 QUICK = ["trainer=debug", "logger=none", "trainer.measure=false", "trainer.threads=1"]
-
-
-@pytest.fixture
-def read_only(tmp_path):
-    """A directory this process cannot write in: a read-only tmpfs mount (as root, who writes
-    through permission bits), or a directory without write permission; skipped where neither is."""
-    place = tmp_path / "ro"
-    place.mkdir()
-    if os.geteuid() != 0:
-        place.chmod(0o555)
-        yield place
-        place.chmod(0o755)
-        return
-    with tmpfs(place, "ro,size=64k"):
-        yield place
 
 
 def _one_line(proc, starts: str) -> str:

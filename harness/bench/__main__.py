@@ -8,7 +8,6 @@ the JSON records that configuration (env.allocator), so what is measured is what
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -119,10 +118,17 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _check_writable(path: Path) -> None:
-    """--json must be writable before an hour of measurement, not after."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
-        why = "is a directory" if path.is_dir() else f"its folder {parent} is missing or not writable"
+    """--json must be writable before an hour of measurement, not after: its folder checked as
+    every writer of the harness checks one (harness.outputs.paths.check_destination)."""
+    from harness.outputs.paths import check_destination
+
+    try:
+        check_destination("its folder", path.parent)
+        why = ("it is a directory" if path.is_dir() else
+               None if path.parent.is_dir() else f"its folder {path.parent} is missing")
+    except ValueError as exc:
+        why = str(exc)
+    if why:
         print(f"python -m harness.bench: error: --json {path}: cannot write it ({why})", file=sys.stderr)
         raise SystemExit(2)
 

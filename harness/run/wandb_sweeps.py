@@ -113,14 +113,21 @@ def from_experiment(name: str) -> dict[str, Any]:
 
 def write(names=None, directory: Path = OUT_DIR) -> list[Path]:
     """Write the sweep file of each experiment of ``names`` (default: every one of `swept`)
-    into ``directory`` from its paper experiment (`from_experiment`); returns the paths."""
+    into ``directory`` from its paper experiment (`from_experiment`); returns the paths. The
+    folder is checked first (harness.outputs.paths.check_destination: never the package's config
+    folder, whose experiment files these would replace; a place that can be a folder and be
+    written), and each file is written whole or not at all (a full disk leaves the old one):
+    DestinationError or OutputError, one line, otherwise."""
+    from harness.outputs.paths import check_destination
+    from harness.outputs.results import write_text
+
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    check_destination("--out", directory)
     paths = []
     for name in names or swept():
         path = directory / f"{name}.yaml"
         body = yaml.safe_dump(from_experiment(name), sort_keys=False, default_flow_style=None, width=100)
-        path.write_text(HEADER.format(name=name) + body)
+        write_text(path, HEADER.format(name=name) + body)
         paths.append(path)
     return paths
 
@@ -136,7 +143,15 @@ def main(argv=None) -> int:
         print(f"{parser.prog}: error: no wandb sweep for {', '.join(unknown)}; valid: {', '.join(swept())}",
               file=sys.stderr)
         return 2
-    for path in write(args.names, args.out):
+    from harness.errors import OutputError
+    from harness.outputs.paths import DestinationError
+
+    try:
+        paths = write(args.names, args.out)
+    except (DestinationError, OutputError) as exc:  # bad input (2), or a write that failed (1)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, DestinationError) else 1
+    for path in paths:
         print(f"wrote {path}: run it with `wandb sweep {path}`")
     return 0
 
