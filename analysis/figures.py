@@ -74,15 +74,15 @@ def check_arguments(args) -> tuple[Path, Path]:
 
 
 def _check_writable(folder: Path, what: str) -> None:
-    """Check ``folder`` as every writer of the harness does (harness.outputs.paths.check_destination:
-    never inside the package's config), create it (and its parents) and write a file there: a
-    place that cannot take the figures fails now, not after an hour of sweeps."""
+    """Never inside the package's config (harness.outputs.paths, as every writer of the harness);
+    then create ``folder`` (and its parents) and write a file there: a place that cannot take the
+    figures fails now, not after an hour of sweeps."""
     import tempfile
 
-    from harness.outputs.paths import check_destination
+    from harness.outputs.paths import refuse_config_folder
 
     try:
-        check_destination(what, folder)
+        refuse_config_folder(what, folder)
     except ValueError as err:
         raise ArgumentError(str(err)) from None
     try:

@@ -121,6 +121,13 @@ def _slot_spec(spec: Any, where: str) -> dict:
     checks.fail(where, "a mixer name or a mapping {name: <mixer>, <model key>: <value>, ...}", spec)
 
 
+def check_depth(n_layers: Any) -> None:
+    """model.n_layers: a positive integer, at most MAX_LAYERS (before anything is made per layer)."""
+    checks.integer("model.n_layers", n_layers)
+    if n_layers > MAX_LAYERS:
+        checks.fail("model.n_layers", f"at most {MAX_LAYERS:,} (the deepest stack the harness builds)", n_layers)
+
+
 def _check_layer_list(layers: Any) -> None:
     if not isinstance(layers, (list, tuple)) or not layers:
         checks.fail("model.layers", "a non-empty list of mixers, one per layer", layers)
@@ -135,7 +142,7 @@ def slot_specs(cfg: ModelConfig) -> list[dict]:
         return [_slot_spec(spec, f"model.layers[{i}]") for i, spec in enumerate(cfg.layers)]
     k = cfg.attn_every
     checks.integer("model.attn_every", k)
-    checks.integer("model.n_layers", cfg.n_layers, maximum=MAX_LAYERS)  # before a list of that many
+    check_depth(cfg.n_layers)  # before a list of that many
     attn = _slot_spec(cfg.attn, "model.attn")
     return [attn if (i + 1) % k == 0 else {"name": cfg.name} for i in range(cfg.n_layers)]
 
@@ -145,7 +152,7 @@ def layer_configs(cfg: ModelConfig) -> list[ModelConfig]:
     model; in a hybrid, cfg with the slot's mixer and overrides (model.options only in outside
     slots). One place derives a slot's settings: the build, validation and accounting read it."""
     if not is_hybrid(cfg):
-        checks.integer("model.n_layers", cfg.n_layers, maximum=MAX_LAYERS)
+        check_depth(cfg.n_layers)
         return [cfg] * cfg.n_layers
     out = []
     for i, spec in enumerate(slot_specs(cfg)):
@@ -225,7 +232,7 @@ def validate(cfg: ModelConfig) -> None:
         key = next(iter(cfg.options))
         raise ValueError(f"model.options.{key}: the built-in mixer {cfg.name!r} takes no options "
                          "(its settings are model.* keys); model.options is for outside mixers")
-    checks.integer("model.n_layers", cfg.n_layers, maximum=MAX_LAYERS)
+    check_depth(cfg.n_layers)
     for field in ("d_model", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_heads", "retnet_heads",
                   "dpfp_nu"):
         checks.integer(f"model.{field}", getattr(cfg, field))
@@ -267,7 +274,7 @@ def validate_hybrid(cfg: ModelConfig) -> None:
     if cfg.layers is not None:
         _check_layer_list(cfg.layers)  # an empty list is no stack, whatever model.n_layers says
     checks.integer("model.attn_every", cfg.attn_every, nullable=True)
-    checks.integer("model.n_layers", cfg.n_layers, maximum=MAX_LAYERS)
+    check_depth(cfg.n_layers)
     if cfg.attn_every is not None and cfg.attn_every > cfg.n_layers:
         checks.fail("model.attn_every", f"at most model.n_layers={cfg.n_layers} (else no layer is attention)",
                     cfg.attn_every)

@@ -53,6 +53,14 @@ def inside_config(path: Path) -> bool:
     return where == conf or conf in where.parents
 
 
+def refuse_config_folder(what: str, path: Path) -> None:
+    """DestinationError (one line naming ``what``) when ``path`` lies in harness/conf."""
+    if inside_config(path):
+        raise DestinationError(f"{what} {path} is inside the harness's own config folder ({CONF_DIR}), "
+                               "where a file written becomes a config or replaces one; choose a folder "
+                               "outside the package")
+
+
 def _name_max(place: Path) -> int:
     try:
         return int(os.pathconf(place, "PC_NAME_MAX"))
@@ -66,10 +74,7 @@ def check_destination(what: str, path: str | os.PathLike) -> None:
     leads nowhere (a loop, a dangling link), each name it adds short enough for the file system,
     below a writable directory."""
     path = Path(path)
-    if inside_config(path):
-        raise DestinationError(f"{what} {path} is inside the harness's own config folder ({CONF_DIR}), "
-                               "where a file written becomes a config or replaces one; choose a folder "
-                               "outside the package")
+    refuse_config_folder(what, path)
     # os.path's tests say False where pathlib's raise (a name too long, a loop): the walk never fails
     if os.path.islink(path) and not os.path.exists(path):
         raise DestinationError(f"{what} {path} is a symbolic link that leads nowhere (a loop or a missing target)")
