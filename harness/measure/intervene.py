@@ -39,6 +39,10 @@ the right one), averaged over examples before the ratio is taken (as harness.mea
 patching): 1 = all of it, 0 = none. Restoring the corrupted token itself at layer 0's input
 gives back the clean run exactly (share 1); restoring where nothing of the corruption has
 reached gives 0. What a map says is named by harness.measure.mechanism.
+
+The restorations are edits of the model's own hook points (harness.hooks.intervene), not a
+library made for interventions (pyvene, nnsight): the points already exist in every built-in
+mixer and at every block of an outside one, so nothing is wrapped, forked or declared twice.
 """
 from __future__ import annotations
 
