@@ -32,3 +32,13 @@ def ablate(model, batch, reference=None, **options):
     from harness.measure.ablate import ablate as run_ablation
 
     return run_ablation(model, batch, reference, **options)
+
+
+def intervene(model, batch, **options):
+    """Interchange interventions of `model` on a task batch: one context token of each followed
+    query's pair corrupted (its key, or its value), the clean hidden state restored at one
+    (layer, component, role) at a time: harness.measure.intervene.intervene (intervene_run for a
+    loaded run; harness.measure.mechanism.mechanism_label names the mechanism its rows show)."""
+    from harness.measure.intervene import intervene as run_interventions
+
+    return run_interventions(model, batch, **options)

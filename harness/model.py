@@ -345,6 +345,9 @@ class LanguageModel(nn.Module):
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(max_seq_len, cfg.d_model) if uses_learned_positions(cfg) else None
         self.dropout = nn.Dropout(cfg.dropout)
+        # hook_embed: the residual entering block 0 (token and position embeddings): what an
+        # interchange intervention restores at layer 0's input (harness.measure.intervene)
+        self.hook_embed = HookPoint()
         self.layers = nn.ModuleList([Block(slot, i) for i, slot in enumerate(layer_configs(cfg))])
         self.norm_f = make_norm(cfg.norm, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
@@ -396,7 +399,7 @@ class LanguageModel(nn.Module):
         x = self.embed(input_ids)  # (B, T, C)
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight[:T]
-        x = self.dropout(x)
+        x = self.hook_embed(self.dropout(x))
         for block in self.layers:
             x = block(x)
         if positions is not None:

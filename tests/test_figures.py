@@ -492,7 +492,7 @@ def test_missing_sweeps_are_run_then_plotted(profile, tmp_path, monkeypatch, cap
     assert figures.main(["--profile", profile, "--out", "figs", "--only", *chosen]) == 1  # cost not drawn
     prefix = "" if profile == "quick" else "paper/"
     missing = [e for e in ("snr", "sharpness", "mqar", "induction", "cost", "length", "needle", "frontier",
-                           "forgetting", "reassignment", "hybrid", "anatomy") if e in chosen]
+                           "forgetting", "reassignment", "hybrid", "anatomy", "mechanism") if e in chosen]
     # each missing sweep run once (capacity exists), in the order the figures are declared
     assert sorted(c[4] for c in calls) == sorted(f"+experiment={prefix}{e}" for e in missing)
     assert all(c[:4] == [sys.executable, "-m", "harness", "-m"] for c in calls)

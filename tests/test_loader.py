@@ -118,10 +118,11 @@ def test_load_all_is_every_table_in_one_long_frame(tree):
     counts = long["table"].value_counts().to_dict()
     per_experiment = [load_results(tree / e) for e in make_results.EXPERIMENTS]
     assert counts["runs"] == sum(len(r) for r in per_experiment)
-    tables = ("slices", "heads", "probe", "cost", "settings", "metrics", "layers", "memory")
+    tables = ("slices", "heads", "probe", "cost", "settings", "metrics", "layers", "memory", "intervene")
     for name in tables:
         assert counts[name] == len(load_results(tree, name))
-    assert set(counts) == {"runs", *tables}  # layers, memory: each layer's mixer and its memory by kind
+    # layers, memory: each layer's mixer and its memory by kind; intervene: the interchange map
+    assert set(counts) == {"runs", *tables}
 
 
 def test_nested_config_lists_and_extra_scalars(tmp_path):

@@ -49,6 +49,9 @@ class TrainerConfig:
     resume: Optional[str] = None       # a run directory to continue from its last checkpoint
     measure: bool = True               # mechanistic measurements at the end of training
     measure_examples: int = 64
+    # interchange interventions at the end of training (harness.measure.intervene) on
+    # measure_examples test examples at the training length: results.json's intervene and mechanism
+    intervene: bool = False
 
 
 @dataclass
@@ -92,6 +95,14 @@ class AblateConfig:
 
 
 @dataclass
+class InterveneConfig:
+    run: Optional[str] = None          # mode=intervene: the trained run's directory
+    examples: int = 256                # examples of the run's first test setting
+    seed: int = 1_000_003              # the batch's and the replacement tokens' seed, apart from training's
+    trust_code: bool = False           # allow a run whose config names outside code (harness.load_run)
+
+
+@dataclass
 class SweepConfig:
     skip_completed: bool = True        # a rerun skips runs whose results.json matches the config
     fail_on_error: bool = False        # in a sweep, record a failure and go on (summary at the end)
@@ -100,7 +111,7 @@ class SweepConfig:
 
 @dataclass
 class Config:
-    mode: str = "train"                # train | probe | cost | ablate
+    mode: str = "train"                # train | probe | cost | ablate | intervene
     seed: int = 0
     task: Any = MISSING
     model: ModelConfig = MISSING
@@ -109,6 +120,7 @@ class Config:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     ablate: AblateConfig = field(default_factory=AblateConfig)
+    intervene: InterveneConfig = field(default_factory=InterveneConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     out_dir: Optional[str] = None      # None = the Hydra run directory
     # numbers an experiment fixes for its figures before its runs (a tolerance a law is held to);
@@ -116,7 +128,7 @@ class Config:
     analysis: dict[str, float] = field(default_factory=dict)
 
 
-MODES = ("train", "probe", "cost", "ablate")
+MODES = ("train", "probe", "cost", "ablate", "intervene")
 
 
 def task_schema(name: str) -> type:

@@ -84,7 +84,7 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("trainer.patience", partial(checks.integer, nullable=True)),
     ("trainer.min_delta", partial(checks.number, interval="[0, inf)")),
     ("trainer.min_steps", partial(checks.integer, minimum=0)),
-    *((f"trainer.{key}", checks.boolean) for key in ("compile", "progress", "checkpoint", "measure")),
+    *((f"trainer.{key}", checks.boolean) for key in ("compile", "progress", "checkpoint", "measure", "intervene")),
     ("trainer.precision", partial(checks.choice, valid=PRECISIONS)),
     ("trainer.device", _device_spelling),
     ("logger.name", partial(checks.choice, valid=LOGGERS)),
@@ -102,6 +102,9 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("cost.seq_lens", checks.int_list),
     ("cost.forms", partial(checks.choice_list, valid=COST_FORMS)),
     *_ints("cost", "batch_size", "n_heads", "head_dim", "repeats", "recurrent_max_len"),
+    ("intervene.examples", checks.integer),
+    ("intervene.seed", partial(checks.integer, minimum=0, maximum=SEED_MAX)),
+    ("intervene.trust_code", checks.boolean),
     ("sweep.skip_completed", checks.boolean),
     ("sweep.fail_on_error", checks.boolean),
 )

@@ -58,6 +58,10 @@ def dispatch(plan: RunPlan, run: RunDir) -> dict[str, Any]:
         from harness.run.ablate_mode import ablate_mode
 
         return ablate_mode(plan, run.path)
+    if plan.mode == "intervene":
+        from harness.run.intervene_mode import intervene_mode
+
+        return intervene_mode(plan, run.path)
     raise ValueError(f"unknown mode '{plan.mode}'")
 
 

@@ -328,7 +328,8 @@ def train(plan: RunPlan, out_dir: Path, on_step: Callable[[int], None] | None = 
         r.terminate.restore()
         r.metrics.close()
         r.logger.finish(failed=failed)
-    _report(r.plan.cfg, r.results["summary"], last_eval, out_dir, r.memory_lines, label(r.plan.mcfg))
+    _report(r.plan.cfg, r.results["summary"], last_eval, out_dir, r.memory_lines, label(r.plan.mcfg),
+            r.results.get("mechanism"))
     return r.results
 
 
@@ -502,6 +503,8 @@ def finish(r: Run, reason: str) -> dict[str, Any]:
     summary["eval_peak_mem_bytes"] = max(p["peak_mem_bytes"] for p in last_eval["settings"])
     if tr.measure:
         _measure_into(r, summary)
+    if tr.intervene:
+        _intervene_into(r, summary)
     summary["setup_time_s"] = r.setup_s  # this process's, before its first step
     summary["wall_time_s"] = time.time() - r.started
     # CPU seconds of this process (this start only): with trainer.threads=1 about the wall
@@ -531,6 +534,24 @@ def _measure_into(r: Run, summary: dict[str, Any]) -> None:
     r.results["measure"] = measured["measure"]
 
 
+def _intervene_into(r: Run, summary: dict[str, Any]) -> None:
+    """Interchange interventions (harness.measure.intervene) on the first measure_examples examples
+    of the test split at the training length, what mode=intervene computes from model.pt: the rows
+    (results' intervene), the mechanism the rule names (mechanism) and the numbers it read (the
+    summary's mechanism_*), so a figure redraws from results.json alone."""
+    from harness.measure.intervene import intervene
+    from harness.measure.mechanism import evidence, mechanism_label
+
+    started = time.perf_counter()
+    test = periodic_sets(r.eval_sets, r.plan.train_len)[0]
+    found = intervene(r.model, test.batch, seed=r.plan.cfg.seed, max_examples=r.plan.cfg.trainer.measure_examples)
+    r.results["intervene"] = found["rows"]
+    r.results["mechanism"] = mechanism_label(found["rows"])
+    r.results.setdefault("measure", {})["intervene"] = found["skipped"] or "ok"
+    summary.update({f"mechanism_{k}": v for k, v in evidence(found["rows"]).items()})
+    summary["intervene_time_s"] = time.perf_counter() - started
+
+
 def _save(r: Run, summary: dict[str, Any]) -> None:
     """model.pt (its checksum into results.json: checkpoint.load_model verifies it), results.json,
     the checkpoints removed (the run is finished), the logger's summary."""
@@ -546,7 +567,7 @@ def _save(r: Run, summary: dict[str, Any]) -> None:
 
 
 def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path, memory: list[str],
-            name: str) -> None:
+            name: str, mechanism: str | None = None) -> None:
     per = ", ".join(f"{p['name']}: {p['accuracy']:.3f}" for p in last_eval["settings"])
     print(f"[harness] {cfg.task.name}/{name}: accuracy {summary['accuracy']:.3f} "
           f"({per}) after {summary['steps']} steps, {summary['wall_time_s']:.0f} s")
@@ -561,4 +582,6 @@ def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Pa
     elif summary.get("target_weight") is not None:  # harness.measure.jacobian, for a mixer without weights
         print(f"[harness] retrieval layer ({summary.get('weights')}): weight on the correct key "
               f"{summary['target_weight']:.3f}")
+    if mechanism is not None:
+        print(f"[harness] mechanism (interchange interventions): {mechanism}")
     print(f"[harness] results: {out_dir / RESULTS_FILE}")
