@@ -272,8 +272,8 @@ def test_the_cli_prints_the_table_and_agrees_with_the_functional_api(trained):
 
 @pytest.mark.parametrize("args,message", [
     ([], "mode=intervene needs intervene.run=<a trained run's directory>"),
-    (["intervene.run=/nonexistent/run"], "load_run: /nonexistent/run is not a directory"),
-    (["intervene.run=."], "is not a run: it holds no results.json"),
+    (["intervene.run=/nonexistent/run"], "intervene.run=/nonexistent/run: not a directory"),
+    (["intervene.run=."], "intervene.run=.: not a finished run (no results.json there)"),
     (["intervene.run=/tmp", "intervene.examples=0"], "intervene.examples must be"),
 ])
 def test_a_bad_source_run_is_refused_in_one_line(tmp_path, args, message):
