@@ -17,13 +17,15 @@ from omegaconf import DictConfig, OmegaConf
 # the config hash, so a rerun of a sweep with another output folder still finds its results.
 _HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
                  "trainer.resume", "logger.", "sweep.")
-# Keys added after results were first written: at their default (None) they stay out of the
-# hash, so existing results keep their hash and a rerun of their sweep still finds them.
-_HASH_IF_SET = ("model.decay", "model.window", "model.layers", "model.attn_every")
+# Keys added after results were first written: at their default they stay out of the hash, so
+# existing results keep their hash and a rerun of their sweep still finds them.
+_HASH_IF_SET = {"model.decay": None, "model.window": None, "model.layers": None, "model.attn_every": None,
+                "trainer.ablate": False}
 # Keys that matter only beside another: a hybrid's attention slot only where model.attn_every
-# places one; the ablation's settings only in mode=ablate (a training run computes nothing of them).
+# places one; the ablation's settings only in mode=ablate or a run that ablates itself at its end
+# (trainer.ablate; a training run without it computes nothing of them).
 _HASH_ONLY_WITH = {"model.attn": lambda flat: flat.get("model.attn_every") is not None,
-                   "ablate.": lambda flat: flat.get("mode") == "ablate"}
+                   "ablate.": lambda flat: flat.get("mode") == "ablate" or flat.get("trainer.ablate") is True}
 
 
 def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -49,7 +51,7 @@ def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
 
     return {k: v for k, v in flat.items()
             if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)
-            and not (k in _HASH_IF_SET and v is None) and applies(k)}
+            and not (k in _HASH_IF_SET and v == _HASH_IF_SET[k]) and applies(k)}
 
 
 def flat_hash(flat: dict[str, Any]) -> str:

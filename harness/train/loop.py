@@ -502,6 +502,8 @@ def finish(r: Run, reason: str) -> dict[str, Any]:
     summary["eval_peak_mem_bytes"] = max(p["peak_mem_bytes"] for p in last_eval["settings"])
     if tr.measure:
         _measure_into(r, summary)
+    if tr.ablate:
+        _ablate_into(r, summary)
     summary["setup_time_s"] = r.setup_s  # this process's, before its first step
     summary["wall_time_s"] = time.time() - r.started
     # CPU seconds of this process (this start only): with trainer.threads=1 about the wall
@@ -529,6 +531,19 @@ def _measure_into(r: Run, summary: dict[str, Any]) -> None:
     summary.update({k: v for k, v in measured["summary"].items() if k not in summary})
     r.results["heads"] = measured["heads"]
     r.results["measure"] = measured["measure"]
+
+
+def _ablate_into(r: Run, summary: dict[str, Any]) -> None:
+    """The run's own ablation (trainer.ablate): what `mode=ablate ablate.run=<this run>` computes
+    with the same ablate.* settings (harness.measure.ablate.ablate_run), its rows into
+    results.json's ablate table, so a figure needs no model.pt to read them."""
+    from harness.measure.ablate import ablate_run, settings
+
+    started = time.perf_counter()
+    found = ablate_run(r.model, r.plan.cfg, **settings(r.plan.cfg.ablate))
+    summary["ablate_time_s"] = time.perf_counter() - started
+    r.results["ablate"] = found["rows"]
+    r.results.setdefault("measure", {})["ablate"] = found["skipped"] or "ok"
 
 
 def _save(r: Run, summary: dict[str, Any]) -> None:
