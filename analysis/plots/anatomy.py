@@ -144,6 +144,8 @@ def _roles_panel(ax, points: pd.DataFrame) -> None:
                   label=f"{role} heads")
     ax.set_xlabel("layer (0: first)")
     ax.set_ylabel("heads meeting the role (per run)")
+    seeds = points[[c for c in points.columns if str(c).startswith("seed_")]].to_numpy(float)
+    ax.set_ylim(-0.05, max(1.0, float(np.nanmax(seeds, initial=0.0))) + 0.1)  # a count: from 0 up, 1 at least
 
 
 def _numbers_panel(ax, points: pd.DataFrame) -> None:
