@@ -14,7 +14,8 @@ from conftest import make_results
 
 from harness.hooks import capture, intervene
 from harness.layers.parts import merge_heads
-from harness.measure.ablate import ablate, accuracy, edit, head_counts, logit_diff, restored_share
+from harness.measure.ablate import ablate, accuracy, edit, head_counts
+from harness.measure.contrast import logit_diff, restored_share
 from harness.measure.corruption import corrupt
 from harness.measure.paths import path_patching
 from harness.model import LanguageModel, ModelConfig

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.measure.ablate import Contrast, put_head, restored_share
+from harness.measure.contrast import Contrast, put_head, restored_share
 
 
 def layer_of(point: str) -> int:
