@@ -12,12 +12,14 @@
 # ---
 
 # %% [markdown]
-# # The anatomy of recall
+# # The anatomy of recall: gather and aggregate heads
 #
-# Which head carries recall: each trained run of the anatomy sweep (softmax, gated_deltanet and
-# a hybrid of the two, 2 layers of 2 heads) is reopened and each layer and head ablated (zero
-# and mean ablation) and patched from clean into key-swapped examples, by the function
-# `python -m harness mode=ablate ablate.run=<run>` runs (harness.measure.ablate).
+# Which heads gather (bind a key to its value at the value token) and which aggregate (read the
+# bound value at the query), by criteria fixed before the runs (analysis.gather_aggregate, after
+# Bick, Xing & Gu 2025): 2-layer models of 4 heads, softmax, gated_deltanet and a hybrid of the
+# two, with the short convolution and without it. Each run's own ablation rows (trainer.ablate:
+# zero, mean and resample ablation, patching under three corruptions, path patching, each head's
+# weights; harness.measure.ablate) are in its results.json; a run without them is reopened.
 #
 # Results come from `$HARNESS_RESULTS/anatomy` (default `results/quick/anatomy`), the sweep
 # `python -m harness -m +experiment=anatomy`.
@@ -28,22 +30,23 @@ results_dir = None  # a run or sweep directory; None: $HARNESS_RESULTS/anatomy, 
 # %%
 # %matplotlib inline
 from analysis import params
-from analysis.plots.anatomy import ablation_rows, anatomy_figure, anatomy_points, sharpness
+from analysis.gather_aggregate import Criteria
+from analysis.plots.anatomy import ablation_rows, anatomy_figure, anatomy_tables, trained_runs
 
 results = params.results("anatomy", results_dir)
 results.groupby("table").size()
 
 # %% [markdown]
-# Recall lost per head (mean over seeds), by ablation kind, beside each head's weight on the
-# correct key; then the fraction of the clean logit difference each head restores when patched.
+# Every head of every run with the numbers the criteria read and the roles it meets; then each
+# run's A and G candidates.
 
 # %%
-drops, patched = anatomy_points(ablation_rows(results), sharpness(results))
-drops.pivot_table(index=["model", "layer", "head"], columns="kind", values="mean").join(
-    drops.groupby(["model", "layer", "head"])["target_weight"].first()).round(3)
+found = anatomy_tables(ablation_rows(results), Criteria.of_runs(trained_runs(results)))
+found["heads"][["label", "layer", "head", "necessity_resample", "necessity_zero", "necessity_mean",
+                "restore_query", "restore_key", "value_on_key", "query_on_answer", "is_A", "is_G"]].round(3)
 
 # %%
-patched[["model", "layer", "head", "n", "mean"]].round(3)
+found["candidates"][["label", "A_layer", "A_head", "A_is", "G_layer", "G_head", "G_is", "G_path", "ga"]].round(3)
 
 # %%
 anatomy_figure(results)

@@ -333,6 +333,53 @@ def paired_test(a: pd.Series, b: pd.Series) -> dict:
     return out
 
 
+DIFFERENCE = "Welch t interval of the difference of means (scipy.stats.ttest_ind, unequal variances)"
+SPEARMAN = "percentile bootstrap over seeds (every run of a resampled seed kept together)"
+
+
+def difference(a, b, *, confidence: float = CONFIDENCE) -> dict:
+    """Mean of ``b`` minus mean of ``a`` (two independent sets of seeds, NaN dropped), with its
+    interval (DIFFERENCE) where each side has at least MIN_SEEDS seeds."""
+    a, b = (np.asarray(pd.Series(v, dtype=float).dropna(), dtype=float) for v in (a, b))
+    out = {"n_a": int(a.size), "n_b": int(b.size), "diff": float(b.mean() - a.mean()) if a.size and b.size else math.nan,
+           "low": math.nan, "high": math.nan, "interval_method": NO_INTERVAL}
+    if min(a.size, b.size) < MIN_SEEDS:
+        return out
+    if np.ptp(np.concatenate([a, b])) == 0:  # every seed alike: no spread to scale by
+        out.update(low=out["diff"], high=out["diff"], interval_method=f"{DIFFERENCE}; every seed alike")
+        return out
+    ci = stats.ttest_ind(b, a, equal_var=False).confidence_interval(confidence)
+    out.update(low=float(ci.low), high=float(ci.high), interval_method=DIFFERENCE)
+    return out
+
+
+def spearman(x, y, seeds, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
+             seed: int = RESAMPLE_SEED) -> dict:
+    """Spearman's rank correlation of ``y`` with ``x`` over all runs (scipy.stats.spearmanr), and
+    its interval (SPEARMAN): the seeds are resampled, each seed's runs together, where there are
+    at least MIN_SEEDS seeds; NaN where x or y does not vary."""
+    frame = pd.DataFrame({"x": x, "y": y, "seed": seeds}).dropna()
+    rho = float(stats.spearmanr(frame["x"], frame["y"]).statistic) if len(frame) > 2 else math.nan
+    ids = pd.unique(frame["seed"])
+    out = {"n_seeds": int(ids.size), "runs": int(len(frame)), "rho": rho, "low": math.nan, "high": math.nan,
+           "interval_method": NO_INTERVAL}
+    if ids.size < MIN_SEEDS or not math.isfinite(rho):
+        return out
+    groups = [frame[frame["seed"] == i] for i in ids]
+
+    def statistic(picked):
+        sample = pd.concat([groups[int(k)] for k in picked])
+        with np.errstate(invalid="ignore"):
+            return stats.spearmanr(sample["x"], sample["y"]).statistic
+
+    with np.errstate(invalid="ignore"):
+        res = stats.bootstrap((np.arange(ids.size),), statistic, vectorized=False, n_resamples=n_resamples,
+                              confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+    out.update(low=float(res.confidence_interval.low), high=float(res.confidence_interval.high),
+               interval_method=f"{SPEARMAN}, {n_resamples} resamples")
+    return out
+
+
 def caption(summary: pd.DataFrame | None = None, *, n: int | None = None) -> str:
     """The line a figure's caption carries about its points: n per point and the method."""
     if summary is not None and len(summary):

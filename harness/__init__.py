@@ -26,8 +26,9 @@ def load_run(run_dir, *, device="cpu", trust_code=False):
 
 
 def ablate(model, batch, reference=None, **options):
-    """Recall of `model` on a task batch with each layer and head removed (zero and mean
-    ablation) and each head patched from clean into key-swapped examples:
+    """Recall of `model` on a task batch with each layer and head removed (zero, mean and
+    resample ablation), each head patched from clean into corrupted examples (query, key or
+    value), path patching between heads, and each head's weights:
     harness.measure.ablate.ablate (harness.measure.ablate.ablate_run for a loaded run)."""
     from harness.measure.ablate import ablate as run_ablation
 

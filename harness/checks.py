@@ -107,9 +107,10 @@ def int_list(key: str, values: Any, minimum: int = 1, *, nullable: bool = False)
         fail(key, _or_null(f"a non-empty list of integers >= {minimum}{big}", nullable), values)
 
 
-def choice_list(key: str, values: Any, valid: Sequence[str]) -> None:
-    if not isinstance(values, (list, tuple)) or not values or not all(v in valid for v in values):
-        fail(key, f"a non-empty list drawn from {', '.join(valid)}", values)
+def choice_list(key: str, values: Any, valid: Sequence[str], empty: bool = False) -> None:
+    """A list of names drawn from `valid`; non-empty unless `empty`."""
+    if not isinstance(values, (list, tuple)) or not (values or empty) or not all(v in valid for v in values):
+        fail(key, f"a {'' if empty else 'non-empty '}list drawn from {', '.join(valid)}", values)
 
 
 def schema_keys(prefix: str, node: Any, fields: set[str]) -> None:

@@ -7,7 +7,8 @@ import torch
 
 import harness
 from harness.hooks import intervene
-from harness.measure.ablate import ablate, ablate_run, corrupt, edit
+from harness.measure.ablate import ablate, ablate_run, edit
+from harness.measure.corruption import corrupt
 from harness.model import LanguageModel, ModelConfig
 from harness.tasks import IGNORE
 
@@ -49,7 +50,8 @@ def test_retrieval_head_carries_recall(trained):
     for r in rows:
         if (r["layer"], r["head"]) != key:
             assert r["drop"] < 0.5 * named["drop"], r
-    patched = {(r["layer"], r["head"]): r["restored"] for r in found["ablate"] if r["kind"] == "patch"}
+    patched = {(r["layer"], r["head"]): r["restored"] for r in found["ablate"]
+               if r["kind"] == "patch" and r["corrupt"] == "query"}
     assert patched[key] > 0.5 and patched[key] == max(patched.values())
     mean = next(r for r in found["ablate"] if r["kind"] == "mean" and (r["layer"], r["head"]) == key)
     assert mean["accuracy"] < 1 / NUM_PAIRS + 0.15
@@ -111,5 +113,6 @@ def test_outside_mixer_without_hooks_is_ablated_by_layer_and_says_why_not_by_hea
     out = ablate(model, {"inputs": torch.randint(0, 16, (4, 8)), "targets": targets}, patch=False)
     assert "no hook_out" in out["skipped"]["layer 1 heads"]
     layer1 = {(r["head"], r["kind"]) for r in out["rows"] if r["layer"] == 1}
-    assert layer1 == {(None, "zero"), (None, "mean")}
+    assert layer1 == {(None, "zero"), (None, "mean"), (None, "resample")}
+    assert "no target_pos" in out["skipped"]["corrupt key"]  # the batch says not where answers sit
     assert {r["head"] for r in out["rows"] if r["layer"] == 0} == {None, 0, 1}

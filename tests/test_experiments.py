@@ -72,7 +72,8 @@ def _stacks(name: str) -> list[list[str]] | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     override = OverridesParser.create().parse_override(f"model.layers={params['model.layers']}")
-    return [list(stack) for stack in override.sweep_iterator()]
+    # a slot is a mixer's name, or a mapping that names it and sets its own keys
+    return [[slot["name"] if isinstance(slot, dict) else slot for slot in stack] for stack in override.sweep_iterator()]
 
 
 @pytest.mark.parametrize("profile,path", CASES, ids=[f"{p}/{f.stem}" for p, f in CASES])
@@ -123,3 +124,29 @@ def test_paper_capacity_has_the_anchor_variants():
     nus = {_load(MODELS / f"{c}.yaml").get("dpfp_nu", 1) for c in choices if mixer_of(c) == "dpfp"}
     features = {_load(MODELS / f"{c}.yaml").get("favor_features") for c in choices if mixer_of(c) == "favor"}
     assert nus == {1, 2, 3} and {64, 128, 512} <= features
+
+
+def test_the_findings_designs_of_the_anatomy_and_hybrid_figures():
+    """The five-seed designs behind anatomy.png and hybrid.png (issue 38): at least 4 heads per
+    layer with an arm without the short convolution; 0, 1 at each position, 2 and 4 attention
+    layers of 4 for three recurrent mixers, one of them with neither gate nor decay; in distribution."""
+    from harness.layers.registry import resolve
+
+    anatomy = experiment_grid("findings/anatomy")
+    assert anatomy["seed"] == ["0", "1", "2", "3", "4"] and set(anatomy["model.short_conv"]) == {"true", "false"}
+    composed = compose_experiment("findings/anatomy")
+    assert composed.model.n_heads >= 4 and composed.trainer.ablate
+    assert {"ga_necessity", "ga_restore", "ga_attention"} <= set(composed.analysis)
+    stacks = _stacks("findings/hybrid")
+    assert len(stacks) * 5 == 95 and experiment_grid("findings/hybrid")["seed"] == ["0", "1", "2", "3", "4"]
+    recurrent = {s for stack in stacks for s in stack} - {"softmax"}
+    assert len(recurrent) == 3 and any(not resolve(m).has_decay and resolve(m).family == "linear" for m in recurrent)
+    for mixer in recurrent:
+        mine = [tuple(s == "softmax" for s in stack) for stack in stacks if mixer in stack]
+        ones = {flags.index(True) for flags in mine if sum(flags) == 1}
+        assert ones == {0, 1, 2, 3} and {sum(flags) for flags in mine} == {0, 1, 2}
+    assert ["softmax"] * 4 in stacks
+    hybrid = compose_experiment("findings/hybrid")
+    largest = max(n for _, n, *_ in hybrid.task.mixture)
+    assert largest >= 4 * hybrid.model.qk_dim and largest in hybrid.task.test_num_pairs
+    assert set(hybrid.task.test_seq_len or [hybrid.task.seq_len]) == {hybrid.task.seq_len}  # in distribution

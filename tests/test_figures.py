@@ -43,7 +43,7 @@ def drawn(frames) -> dict[str, Figure]:
 # point with its seeds.
 DERIVED = {"snr_slopes", "capacity_families", "capacity_schlag", "capacity_ranking", "sharpness_ranking",
            "induction_ranking", "forgetting_gap", "frontier_ranking", "mqar_ranking", "capacity_stops",
-           "capacity_law_baseline", "snr_law_baseline", "reassignment_rule"}
+           "capacity_law_baseline", "snr_law_baseline", "reassignment_rule", "hybrid_summary", "anatomy_heads"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -616,12 +616,53 @@ def test_a_learning_rate_table_cuts_its_accuracy_intervals_to_zero_one():
     assert row["interval_method"].endswith("within [0, 1]")
 
 
-def test_the_hybrid_figure_reads_recall_at_the_largest_n_every_run_was_tested_at():
-    from analysis.plots.hybrid import hardest_setting
+def test_the_hybrid_figure_reads_recall_at_the_training_mixtures_largest_n():
+    from analysis.plots.hybrid import recall_setting
 
     runs = pd.DataFrame({"summary.accuracy": [0.7, 0.6], "summary.accuracy/num_pairs=32": [0.9, 0.8],
                          "summary.accuracy/num_pairs=96": [0.5, 0.4], "summary.accuracy/num_pairs=128": [0.2, None],
-                         "summary.accuracy/seq_len=512,num_pairs=256": [0.1, 0.1]})
-    assert hardest_setting(runs) == ("summary.accuracy/num_pairs=96", 96)
+                         "summary.accuracy/seq_len=512,num_pairs=256": [0.1, 0.1],
+                         "config.task.mixture": [((128, 8, 2), (128, 32, 1))] * 2})
+    assert recall_setting(runs) == ("summary.accuracy/num_pairs=32", 32, "the training mixture's largest N")
+    # trained at one N (no mixture) and tested past it: the largest N every run was tested at
+    old = runs.drop(columns="config.task.mixture").assign(**{"config.task.num_pairs": 16})
+    assert recall_setting(old) == ("summary.accuracy/num_pairs=96", 96, "the largest N every run was tested at")
     one = runs[["summary.accuracy", "summary.accuracy/num_pairs=32"]]
-    assert hardest_setting(one) == ("summary.accuracy", None)
+    assert recall_setting(one)[:2] == ("summary.accuracy", None)
+
+
+def test_the_hybrid_tables_carry_lower_bounds_the_retrieval_layer_and_the_summary(drawn):
+    tables = drawn["hybrid"].tables
+    points = tables["hybrid"].set_index(["recurrent", "pattern"])
+    recurrent, pattern, _ = make_results.HYBRID_LOWER_BOUND
+    assert points.loc[(recurrent, pattern), "runs_at_max_steps"] == 1 and points.loc[(recurrent, pattern), "lower_bound"]
+    assert points["runs_at_max_steps"].sum() == 1
+    assert (points["n"] == 5).all()
+    # the interchange maps (gated_deltanet's runs only): the first attention layer took retrieval
+    gdn = points.loc["gated_deltanet"]
+    assert [gdn.loc[f"1@{at}", "retrieval_layer"] for at in range(4)] == [0, 1, 2, 3]
+    assert gdn.loc["2@1,3", "retrieval_layer_runs"] == "1,1,1,1,1" and points.loc[("elu", "1@2"), "retrieval_layer"] != 0
+    summary = tables["hybrid_summary"].set_index(["recurrent", "quantity"])
+    one = summary.loc[("gated_deltanet", "recall(1@any) - recall(none)")]
+    expected = np.mean(make_results.HYBRID_ONE) - make_results.HYBRID_PURE["gated_deltanet"]
+    assert one["value"] == pytest.approx(expected, abs=0.05) and one["low"] < one["value"] < one["high"]
+    assert one["interval_method"] == stats.DIFFERENCE
+    rho = summary.loc[("elu", "spearman(recall, attention share)")]
+    assert 0.5 < rho["low"] <= rho["value"] <= rho["high"] <= 1.0 and rho["interval_method"].startswith(stats.SPEARMAN)
+    assert rho["n_none_or_seeds"] == 5 and rho["n_with_or_runs"] == 35
+
+
+def test_the_anatomy_tables_name_the_heads_built_to_gather_and_aggregate(drawn):
+    tables = drawn["anatomy"].tables
+    points = tables["anatomy"].set_index(["label", "number"])
+    for label in ("softmax*2 (no conv)", "gated_deltanet*2 (no conv)", "gated_deltanet+softmax (no conv)"):
+        assert points.loc[(label, "A resample"), "n"] == 5 and points.loc[(label, "G path"), "meets"] == 1.0
+        assert points.loc[(label, "A resample"), "runs_with_ga"] == 5
+    # with the convolution the fixture's softmax stack aggregates in layer 0 and has no gather head
+    assert "G path" not in points.loc["softmax*2"].index and points.loc[("softmax*2", "A patched"), "runs_with_ga"] == 0
+    assert points.loc[("gated_deltanet*2 (no conv)", "A weight"), "runs_at_max_steps"] == 1
+    roles = tables["anatomy_roles"].set_index(["label", "layer", "role"])
+    assert roles.loc[("softmax*2 (no conv)", 0, "G"), "mean"] == 1 and roles.loc[("softmax*2 (no conv)", 1, "A"), "mean"] == 1
+    assert roles.loc[("softmax*2 (no conv)", 0, "A"), "mean"] == 0
+    # the run without rows was reopened from its model.pt and ablated
+    assert "gated_deltanet+softmax" in set(tables["anatomy"]["label"])

@@ -19,7 +19,7 @@ CASES = [
     (["trainer.compile=maybe"], "trainer.compile", "must be true or false"),
     (["seed=1.5"], "seed", "must be an integer"),
     # unknown keys and choices
-    (["trainer.lrr=0.1"], "trainer.lrr", "unknown key 'trainer.lrr'; valid keys here: batch_size"),
+    (["trainer.lrr=0.1"], "trainer.lrr", "unknown key 'trainer.lrr'; valid keys here: ablate, batch_size"),
     (["+trainer.extra=1"], "trainer.extra", "unknown key"),
     (["task=induction", "task.num_pairs=3"], "task.num_pairs", "unknown key"),
     (["~probe"], "probe", "missing key 'probe'"),

@@ -21,12 +21,12 @@ _HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ck
 # Keys added after results were first written, with the default they were added with: at it they
 # stay out of the hash, so existing results keep their hash and a rerun of their sweep still finds them.
 _HASH_IF_SET = {"model.decay": None, "model.window": None, "model.layers": None, "model.attn_every": None,
-                "trainer.intervene": False}
+                "trainer.intervene": False, "trainer.ablate": False}
 # Keys that matter only beside another: a hybrid's attention slot only where model.attn_every
-# places one; the ablation's and the intervention's settings only in their modes (a training run
-# computes nothing of them).
+# places one; the ablation's settings only in mode=ablate or a run that ablates itself at its end
+# (trainer.ablate), the intervention's only in mode=intervene (a training run computes nothing of them).
 _HASH_ONLY_WITH = {"model.attn": lambda flat: flat.get("model.attn_every") is not None,
-                   "ablate.": lambda flat: flat.get("mode") == "ablate",
+                   "ablate.": lambda flat: flat.get("mode") == "ablate" or flat.get("trainer.ablate") is True,
                    "intervene.": lambda flat: flat.get("mode") == "intervene"}
 
 

@@ -52,6 +52,9 @@ class TrainerConfig:
     # interchange interventions at the end of training (harness.measure.intervene) on
     # measure_examples test examples at the training length: results.json's intervene and mechanism
     intervene: bool = False
+    # ablation, patching and path patching at the end of training, with the ablate.* settings
+    # (harness.measure.ablate.ablate_run): the rows mode=ablate writes, in this run's results.json
+    ablate: bool = False
 
 
 @dataclass
@@ -84,12 +87,20 @@ class CostConfig:
     recurrent_max_len: int = 1024      # the token loop is slow on CPU; skip it beyond this
 
 
+# The ablations and the corruptions harness.measure.ablate knows (named in every row it writes).
+ABLATIONS = ("zero", "mean", "resample")
+CORRUPTIONS = ("query", "key", "value")
+PATH_CORRUPTIONS = ("key",)  # path patching's: a gather head's work is undone by moving a key
+
+
 @dataclass
 class AblateConfig:
     run: Optional[str] = None          # mode=ablate: the trained run's directory
     examples: int = 256                # examples of the run's first test setting (and as many for mean ablation)
-    kinds: list[str] = field(default_factory=lambda: ["zero", "mean"])
-    patch: bool = True                 # activation patching of each head (clean into key-swapped examples)
+    kinds: list[str] = field(default_factory=lambda: list(ABLATIONS))
+    patch: bool = True                 # activation patching of each head (clean into corrupted examples)
+    corrupt: list[str] = field(default_factory=lambda: list(CORRUPTIONS))  # the corruptions patched
+    path_corrupt: list[str] = field(default_factory=lambda: list(PATH_CORRUPTIONS))  # path patching ([]: none)
     seed: int = 1_000_003              # the batches' seed, apart from training's and evaluation's
     trust_code: bool = False           # allow a run whose config names outside code (harness.load_run)
 

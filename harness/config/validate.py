@@ -14,8 +14,8 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from harness import checks
-from harness.config.schema import (MODES, Config, CostConfig, LoggerConfig, ProbeConfig, SweepConfig,
-                            TrainerConfig, task_schema)
+from harness.config.schema import (ABLATIONS, CORRUPTIONS, MODES, Config, CostConfig, LoggerConfig, ProbeConfig,
+                                   SweepConfig, TrainerConfig, task_schema)
 from harness.config.build import model_config, task_config
 from harness.layers.preflight import run_lengths
 from harness.layers.registry import resolve
@@ -84,7 +84,8 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("trainer.patience", partial(checks.integer, nullable=True)),
     ("trainer.min_delta", partial(checks.number, interval="[0, inf)")),
     ("trainer.min_steps", partial(checks.integer, minimum=0)),
-    *((f"trainer.{key}", checks.boolean) for key in ("compile", "progress", "checkpoint", "measure", "intervene")),
+    *((f"trainer.{key}", checks.boolean) for key in ("compile", "progress", "checkpoint", "measure", "intervene",
+                                                      "ablate")),
     ("trainer.precision", partial(checks.choice, valid=PRECISIONS)),
     ("trainer.device", _device_spelling),
     ("logger.name", partial(checks.choice, valid=LOGGERS)),
@@ -105,6 +106,12 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("intervene.examples", checks.integer),
     ("intervene.seed", partial(checks.integer, minimum=0, maximum=SEED_MAX)),
     ("intervene.trust_code", checks.boolean),
+    # mode=ablate, and a run's own ablation at its end (trainer.ablate)
+    ("ablate.examples", partial(checks.integer, minimum=2)),  # resampling takes another example's output
+    ("ablate.kinds", partial(checks.choice_list, valid=ABLATIONS)),
+    ("ablate.corrupt", partial(checks.choice_list, valid=CORRUPTIONS)),
+    ("ablate.path_corrupt", partial(checks.choice_list, valid=CORRUPTIONS, empty=True)),
+    ("ablate.patch", checks.boolean),
     ("sweep.skip_completed", checks.boolean),
     ("sweep.fail_on_error", checks.boolean),
 )

@@ -505,6 +505,8 @@ def finish(r: Run, reason: str) -> dict[str, Any]:
         _measure_into(r, summary)
     if tr.intervene:
         _intervene_into(r, summary)
+    if tr.ablate:
+        _ablate_into(r, summary)
     summary["setup_time_s"] = r.setup_s  # this process's, before its first step
     summary["wall_time_s"] = time.time() - r.started
     # CPU seconds of this process (this start only): with trainer.threads=1 about the wall
@@ -550,6 +552,19 @@ def _intervene_into(r: Run, summary: dict[str, Any]) -> None:
     r.results.setdefault("measure", {})["intervene"] = found["skipped"] or "ok"
     summary.update({f"mechanism_{k}": v for k, v in evidence(found["rows"]).items()})
     summary["intervene_time_s"] = time.perf_counter() - started
+
+
+def _ablate_into(r: Run, summary: dict[str, Any]) -> None:
+    """The run's own ablation (trainer.ablate): what `mode=ablate ablate.run=<this run>` computes
+    with the same ablate.* settings (harness.measure.ablate.ablate_run), its rows into
+    results.json's ablate table, so a figure needs no model.pt to read them."""
+    from harness.measure.ablate import ablate_run, settings
+
+    started = time.perf_counter()
+    found = ablate_run(r.model, r.plan.cfg, **settings(r.plan.cfg.ablate))
+    summary["ablate_time_s"] = time.perf_counter() - started
+    r.results["ablate"] = found["rows"]
+    r.results.setdefault("measure", {})["ablate"] = found["skipped"] or "ok"
 
 
 def _save(r: Run, summary: dict[str, Any]) -> None:
