@@ -10,7 +10,8 @@ seen by vmap as G members again. Every sequence of the folded batch is computed 
 so a member's numbers are those it gets alone.
 
 A Function opts in by listing :class:`FoldsMembers` first among its bases; outside vmap its
-``apply`` is the Function's own. The default fold suits Functions whose tensor arguments all
+``apply`` is the Function's own. A plain function torch cannot batch in one call (the fused
+attention kernels: vmap runs them member by member) goes through :func:`fold_call`. The default fold suits Functions whose tensor arguments all
 lead with the batch (q, k, v, states, gates); a Function whose arguments hold per-member
 parameters or a dimension index overrides ``fold_members`` (the short convolution folds the
 members into its channels; the prefix sum into a new leading dimension).
@@ -18,7 +19,7 @@ members into its channels; the prefix sum into a new leading dimension).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -33,57 +34,88 @@ def member_first(x: Any, dim: int | None, size: int) -> Any:
     return x.movedim(dim, 0)
 
 
+def fold_members(size: int, in_dims: Sequence[int | None], args: tuple) -> tuple[tuple, Any]:
+    """The default fold: each tensor's member dimension merged into its first, (G, M, ...) ->
+    (G*M, ...); (the folded arguments, what ``unfold_members`` needs)."""
+    folded = []
+    for x, dim in zip(args, in_dims):
+        x = member_first(x, dim, size)
+        folded.append(x.reshape(size * x.shape[1], *x.shape[2:]).contiguous() if isinstance(x, torch.Tensor) else x)
+    return tuple(folded), None
+
+
+def unfold_members(size: int, outputs: Any, how: Any) -> tuple[Any, Any]:
+    """The default unfold: each output tensor's first dimension split, (G*M, ...) -> (G, M, ...);
+    (the outputs, their member dimensions) for vmap."""
+    def split(y):
+        return y.view(size, y.shape[0] // size, *y.shape[1:]) if isinstance(y, torch.Tensor) else y
+
+    def dims(y):
+        return 0 if isinstance(y, torch.Tensor) else None
+
+    if isinstance(outputs, tuple):
+        return tuple(split(y) for y in outputs), tuple(dims(y) for y in outputs)
+    return split(outputs), dims(outputs)
+
+
+def _active() -> bool:
+    # the test torch.autograd.Function.apply makes before it hands a call over to functorch
+    return torch._C._are_functorch_transforms_active()
+
+
 class FoldsMembers:
     """Mixin for a torch.autograd.Function: under vmap, run it once on the members folded into its
     batch (see the module docstring). List it before torch.autograd.Function."""
 
+    fold_members = staticmethod(fold_members)
+    unfold_members = staticmethod(unfold_members)
+
     @classmethod
     def apply(cls, *args):
-        # the same test torch.autograd.Function.apply makes before it hands over to functorch
-        if not torch._C._are_functorch_transforms_active():
+        if not _active():
             return super().apply(*args)
         return _MemberFold.apply(cls, *args)
 
-    @staticmethod
-    def fold_members(size: int, in_dims: Sequence[int | None], args: tuple) -> tuple[tuple, Any]:
-        """(the arguments with the members folded in, what ``unfold_members`` needs). Default: each
-        tensor's member dimension merged into its first, (G, M, ...) -> (G*M, ...)."""
-        folded = []
-        for x, dim in zip(args, in_dims):
-            x = member_first(x, dim, size)
-            folded.append(x.reshape(size * x.shape[1], *x.shape[2:]).contiguous() if isinstance(x, torch.Tensor) else x)
-        return tuple(folded), None
+    @classmethod
+    def run_folded(cls, *args):
+        """The Function itself, on the folded (plain) tensors."""
+        return super(FoldsMembers, cls).apply(*args)
 
-    @staticmethod
-    def unfold_members(size: int, outputs: Any, how: Any) -> tuple[Any, Any]:
-        """(the outputs with the members apart again, their member dimensions) for vmap: default,
-        each tensor's first dimension split, (G*M, ...) -> (G, M, ...)."""
-        def split(y):
-            return y.view(size, y.shape[0] // size, *y.shape[1:]) if isinstance(y, torch.Tensor) else y
 
-        def dims(y):
-            return 0 if isinstance(y, torch.Tensor) else None
+class _Plain:
+    """A plain function of batch-leading tensors, folded as FoldsMembers folds (fold_call)."""
 
-        if isinstance(outputs, tuple):
-            return tuple(split(y) for y in outputs), tuple(dims(y) for y in outputs)
-        return split(outputs), dims(outputs)
+    fold_members = staticmethod(fold_members)
+    unfold_members = staticmethod(unfold_members)
+
+    def __init__(self, function: Callable) -> None:
+        self.run_folded = function
+
+
+def fold_call(function: Callable, *tensors: torch.Tensor) -> Any:
+    """function(*tensors), the tensors leading with the batch (settings bound in, functools.partial):
+    under vmap, one call on the members folded into that batch, where torch has no batching rule
+    of its own for it (the fused attention kernels) or the rule runs member by member."""
+    if not _active():
+        return function(*tensors)
+    return _MemberFold.apply(_Plain(function), *tensors)
 
 
 class _MemberFold(torch.autograd.Function):
-    """The vmap rule of every FoldsMembers Function (its class is the first argument). Only vmap
-    calls it: ``vmap`` runs below the vmap level, where the Function's own apply records its
-    autograd node on the plain tensors, so a backward pass outside vmap reaches its backward."""
+    """The vmap rule of every folded call (its folder is the first argument: a FoldsMembers
+    Function or a _Plain function). Only vmap calls it: ``vmap`` runs below the vmap level, where
+    the call records its autograd nodes on the plain tensors, so a backward pass outside vmap
+    reaches them."""
 
     @staticmethod
-    def forward(fn, *args):
-        raise RuntimeError(f"{fn.__name__}: the member fold runs under torch.func.vmap only")
+    def forward(folder, *args):
+        raise RuntimeError("the member fold runs under torch.func.vmap only")
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         pass
 
     @staticmethod
-    def vmap(info, in_dims, fn, *args):
-        folded, how = fn.fold_members(info.batch_size, in_dims[1:], args)
-        outputs = super(FoldsMembers, fn).apply(*folded)
-        return fn.unfold_members(info.batch_size, outputs, how)
+    def vmap(info, in_dims, folder, *args):
+        folded, how = folder.fold_members(info.batch_size, in_dims[1:], args)
+        return folder.unfold_members(info.batch_size, folder.run_folded(*folded), how)
