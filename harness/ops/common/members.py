@@ -98,7 +98,20 @@ def fold_call(function: Callable, *tensors: torch.Tensor) -> Any:
     of its own for it (the fused attention kernels) or the rule runs member by member."""
     if not _active():
         return function(*tensors)
-    return _MemberFold.apply(_Plain(function), *tensors)
+    return fold_apply(_Plain(function), *tensors)
+
+
+def fold_apply(folder: Any, *args: Any) -> Any:
+    """Under vmap: ``folder.unfold_members(G, folder.run_folded(*folded), how)`` with
+    ``folded, how = folder.fold_members(G, in_dims, args)``, run once below the vmap level, where
+    autograd records the call on plain tensors. ``folder``: any object with those three methods
+    (a FoldsMembers Function, a fold_call function, a group's own folds)."""
+    return _MemberFold.apply(folder, *args)
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform (vmap) is running: where a folded call is needed."""
+    return _active()
 
 
 class _MemberFold(torch.autograd.Function):

@@ -32,11 +32,35 @@ from harness.model import LanguageModel
 from harness.train.evaluate import EvalSet, evaluate, make_eval_sets, periodic_sets
 from harness.train.group.data import MemberBatches
 from harness.train.group.optim import GroupAdamW, adamw_settings, clip_per_member, decay_split
+from harness.train.group.signature import why_apart
 from harness.train.group.stack import MemberStack, build_member
 from harness.train.group.watch import MemberWatch
 from harness.train.loop import LoopState, autocast_factory, lm_loss, lr_schedule, stop_reason
 
 GROUP_FORMAT = 1  # of a group checkpoint
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The trainer settings the group's loop reads every step, as plain values (an OmegaConf read
+    costs microseconds, and a group reads them for every member)."""
+    lr: float
+    grad_clip: float
+    weight_decay: float
+    log_every: int
+    eval_every: int
+    max_steps: int
+    min_delta: float
+    target_accuracy: Optional[float]
+    patience: Optional[int]
+    min_steps: int
+
+    @classmethod
+    def of(cls, tr) -> "Settings":
+        return cls(float(tr.lr), float(tr.grad_clip), float(tr.weight_decay), int(tr.log_every),
+                   int(tr.eval_every), int(tr.max_steps), float(tr.min_delta),
+                   None if tr.target_accuracy is None else float(tr.target_accuracy),
+                   None if tr.patience is None else int(tr.patience), int(tr.min_steps))
 
 
 @dataclass
@@ -47,16 +71,13 @@ class Member:
     model: LanguageModel                      # evaluated in place; holds its final weights at the end
     periodic: list[EvalSet]                   # its validation sets (harness.train.evaluate.periodic_sets)
     factor: Callable[[int], float]            # its learning-rate schedule (harness.train.loop.lr_schedule)
+    tr: Settings
     loop: LoopState = field(default_factory=LoopState)
     history: list[dict] = field(default_factory=list)      # validation rows, as metrics.jsonl holds them
     train_rows: list[dict] = field(default_factory=list)   # {"step", "train/loss", "train/lr"} every log_every
     stop_reason: Optional[str] = None         # max_steps | target_accuracy | plateau | fault
     fault: Optional[dict] = None              # {"step", "check", "member", "mixer"} of a failed member
     optimizer: Optional[dict] = None          # its AdamW moments and step count when it stopped
-
-    @property
-    def tr(self):
-        return self.plan.cfg.trainer
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
@@ -102,7 +123,7 @@ def _member(index: int, plan: RunPlan, dtype: Optional[torch.dtype]) -> Member:
     torch.manual_seed(plan.cfg.seed)
     sets = make_eval_sets(plan.module, plan.tcfg, tr, plan.cfg.seed, plan.device, split="val")
     model = build_member(plan, dtype)
-    return Member(index, plan, model, periodic_sets(sets, plan.train_len), lr_schedule(tr),
+    return Member(index, plan, model, periodic_sets(sets, plan.train_len), lr_schedule(tr), Settings.of(tr),
                   loop=LoopState(running=torch.zeros((), device=plan.device)))
 
 
@@ -112,6 +133,10 @@ def start_group(plans: Sequence[RunPlan], dtype: Optional[torch.dtype] = None,
     a group checkpoint of the same plans in the same order)."""
     if len(plans) < 1:
         raise ValueError("a group needs at least one run")
+    for i, plan in enumerate(plans):
+        reason = why_apart(plans[0], plan)
+        if reason is not None:
+            raise ValueError(f"run {i} cannot train in this group: {reason}")
     device = plans[0].device
     if device.type == "cpu":  # as a solo run (harness.train.loop.start)
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -123,12 +148,13 @@ def start_group(plans: Sequence[RunPlan], dtype: Optional[torch.dtype] = None,
     active = list(resume["active"]) if resume is not None else [m.index for m in members]
     stack = MemberStack([members[i].model for i in active])
     lead = members[active[0]]
-    opt = GroupAdamW(stack.params, decay_split(lead.model, lead.tr), [members[i].tr.weight_decay for i in active],
-                     **adamw_settings(lead.model, lead.tr))
+    tr = lead.plan.cfg.trainer
+    opt = GroupAdamW(stack.flat, decay_split(lead.model, tr, stack.slots), [members[i].tr.weight_decay for i in active],
+                     **adamw_settings(lead.model, tr))
     step = int(resume["step"]) if resume is not None else 0
     g = Group(members, active, stack, opt, MemberWatch(stack.skeleton, len(active), device),
               MemberBatches({i: members[i].plan for i in active}, start=step),
-              autocast_factory(device, lead.tr.precision), torch.zeros(len(active), device=device),
+              autocast_factory(device, tr.precision), torch.zeros(len(active), device=device),
               [0] * len(active), step=step)
     if resume is not None:
         _restore(g, resume)
@@ -164,13 +190,13 @@ def _step(g: Group) -> None:
     inputs, positions, targets = g.batches.next(g.active)
     with g.watch.forward_pass(), g.autocast():
         losses = g.stack.losses(lm_loss, inputs, positions, targets)  # (G,)
-    g.stack.zero_grad()
+    g.stack.flat.grad = None
     losses.sum().backward()  # the members are independent: each gets its own loss's gradient
     g.step += 1
-    norms = clip_per_member(g.stack.grads(), [float(m.tr.grad_clip) for m in active])
+    norms = clip_per_member(g.stack.flat.grad, [m.tr.grad_clip for m in active])
     clean = g.watch.record(g.step, losses.detach(), norms)
-    lrs = [float(m.tr.lr) * m.factor(g.step - 1) for m in active]  # LambdaLR's rate of this step
-    g.opt.step(g.stack.params, lrs, clean)
+    lrs = [m.tr.lr * m.factor(g.step - 1) for m in active]  # LambdaLR's rate of this step
+    g.opt.step(g.stack.flat, lrs, clean)
     g.running += losses.detach()
     g.since_log = [n + 1 for n in g.since_log]
 
@@ -213,7 +239,7 @@ def _log_losses(g: Group, members: list[Member]) -> None:
     for m, row, loss in zip(members, rows, means):
         m.loop.last_loss = loss
         m.train_rows.append({"step": g.step, "train/loss": loss,
-                             "train/lr": float(m.tr.lr) * m.factor(g.step)})  # LambdaLR's get_last_lr
+                             "train/lr": m.tr.lr * m.factor(g.step)})  # LambdaLR's get_last_lr
         g.running[row] = 0.0
         g.since_log[row] = 0
 
@@ -223,13 +249,14 @@ def _evaluate_member(g: Group, m: Member) -> Optional[str]:
     plateau state; why it stops after it, or None."""
     loop, tr, step = m.loop, m.tr, g.step
     g.stack.load_member(g.active.index(m.index), m.model)
-    loop.last_eval = evaluate(m.model, m.periodic, g.autocast, tokens=m.plan.eval_tokens or tr.eval_tokens)
+    tokens = m.plan.eval_tokens or m.plan.cfg.trainer.eval_tokens
+    loop.last_eval = evaluate(m.model, m.periodic, g.autocast, tokens=tokens)
     loop.eval_step = step
     m.history.append({"step": step, "time_s": time.time() - g.started, "split": "val",
                       "accuracy": loop.last_eval["accuracy"], "loss": loop.last_eval["loss"],
                       **{f"accuracy/{p['name']}": p["accuracy"] for p in loop.last_eval["settings"]}})
-    loop.record_eval(step, loop.last_eval["accuracy"], loop.last_eval["loss"], float(tr.min_delta))
-    return stop_reason(loop, loop.last_eval, step, tr.target_accuracy, tr.patience, int(tr.min_steps))
+    loop.record_eval(step, loop.last_eval["accuracy"], loop.last_eval["loss"], tr.min_delta)
+    return stop_reason(loop, loop.last_eval, step, tr.target_accuracy, tr.patience, tr.min_steps)
 
 
 def _leave(g: Group, stopped: list[tuple[Member, str]]) -> None:
@@ -237,7 +264,7 @@ def _leave(g: Group, stopped: list[tuple[Member, str]]) -> None:
     for m, why in stopped:
         row = g.active.index(m.index)
         g.stack.load_member(row, m.model)
-        m.optimizer = g.opt.member_state(row)
+        m.optimizer = g.opt.member_state(row, g.stack.split)
         m.stop_reason = why
         g.batches.drop(m.index)
     gone = {m.index for m, _ in stopped}
@@ -246,7 +273,7 @@ def _leave(g: Group, stopped: list[tuple[Member, str]]) -> None:
     if not rows:
         return
     g.stack.keep(rows)
-    g.opt.keep(rows, g.stack.params)
+    g.opt.keep(rows)
     g.watch.keep(rows)
     g.running = g.running[torch.tensor(rows, device=g.running.device)]
     g.since_log = [g.since_log[r] for r in rows]
