@@ -231,3 +231,15 @@ def test_group_plans_cuts_equal_groups_and_names_each_run_left_alone():
     assert "dropout" in alone[6]
     assert group_plans(plans[:5])[0] == [[0, 1, 2, 3, 4]]
     assert sorted(group_plans(plans[:3], max_size=1)[1]) == [0, 1, 2]
+
+
+def test_the_bench_row_times_solo_and_grouped_steps_of_one_shape():
+    from harness.bench.group import format_table, shape_rows
+
+    rows = shape_rows("tiny elu", ["model=elu", *SMALL], sizes=[2, 3], steps=3, warmup=2, solo_runs=1)
+    assert [r["group_size"] for r in rows] == [2, 3]
+    for r in rows:
+        assert r["solo_ms_per_step"] > 0 and r["grouped_ms_per_step_per_run"] > 0
+        assert r["speedup"] == pytest.approx(r["solo_ms_per_step"] / r["grouped_ms_per_step_per_run"])
+    assert rows[0]["solo_ms_per_step"] == rows[1]["solo_ms_per_step"]  # measured once per shape
+    assert "| tiny elu | 3 |" in format_table(rows)

@@ -77,28 +77,30 @@ def grouped_seconds(plans: list, warmup: int) -> float:
     return _per_step(stamps, warmup)
 
 
-def group_row(name: str, overrides: Sequence[str], size: int, *, steps: int = 30, warmup: int = 5,
-              solo_runs: int = 2) -> dict[str, Any]:
-    """One table row: the shape's CPU milliseconds per run and step, solo and in a group of `size`."""
+def shape_rows(name: str, overrides: Sequence[str], sizes: Sequence[int], *, steps: int = 30, warmup: int = 5,
+               solo_runs: int = 2) -> list[dict[str, Any]]:
+    """The shape's rows, one per group size: CPU milliseconds per run and step, solo (the median of
+    `solo_runs` runs, measured once for every size) and in a group of that size."""
+    rows = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-group-") as tmp:
-        plans = shape_plans(overrides, size, warmup + steps, Path(tmp))
+        plans = shape_plans(overrides, max(sizes), warmup + steps, Path(tmp))
         solo = median([solo_seconds(p, warmup) for p in plans[:solo_runs]])
-        grouped = grouped_seconds(plans, warmup) / size
-    tr = plans[0].cfg.trainer
-    return {"shape": name, "group_size": size, "batch_size": tr.batch_size, "train_len": plans[0].train_len,
-            "solo_ms_per_step": solo * 1e3, "grouped_ms_per_step_per_run": grouped * 1e3,
-            "speedup": solo / grouped, "steps": steps, "warmup": warmup, "solo_runs": solo_runs,
-            "overrides": list(overrides)}
+        for size in sizes:
+            grouped = grouped_seconds(plans[:size], warmup) / size
+            rows.append({"shape": name, "group_size": size, "batch_size": plans[0].cfg.trainer.batch_size,
+                         "train_len": plans[0].train_len, "solo_ms_per_step": solo * 1e3,
+                         "grouped_ms_per_step_per_run": grouped * 1e3, "speedup": solo / grouped,
+                         "steps": steps, "warmup": warmup, "solo_runs": solo_runs, "overrides": list(overrides)})
+    return rows
 
 
 def group_table(shapes: dict[str, list[str]] | None = None, sizes: Sequence[int] = (8, 16), **kw) -> list[dict]:
-    """A row per shape and group size, one torch thread (restored after)."""
+    """The rows of every shape, one torch thread (restored after)."""
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(1)
     try:
-        return [group_row(name, overrides, size, **kw) for name, overrides in (shapes or SHAPES).items()
-                for size in sizes]
+        return [row for name, overrides in (shapes or SHAPES).items() for row in shape_rows(name, overrides, sizes, **kw)]
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)

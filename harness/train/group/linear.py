@@ -2,11 +2,11 @@
 orientation the CPU's batched matmul runs fastest.
 
 Under vmap an nn.Linear becomes torch.bmm over the members, and its backward two more; at the
-small widths the quick profile trains (d_model 8 to 32) MKL's batched matmul is up to four times
-slower when the output's rows are the short side (an (N, 8) read-out of N = 768 rows) than the
-same product computed transposed. GroupedMatmul computes every product of the forward and
-backward pass with the output's longer side contiguous (the same sums, in another order: equal
-to a solo run's to rounding). The skeleton's nn.Linear modules run it (``group_linears``); with
+small widths the quick profile trains (d_model 8) MKL's batched matmul is two to four times
+slower when an output's rows are short (an (N, 8) read-out of N = 768 rows, a weight gradient
+(24, 8)) than the same product computed transposed. GroupedMatmul computes those products
+transposed (the same sums, in another order: equal to a solo run's to rounding) and the others
+as vmap would. The skeleton's nn.Linear modules run it (``group_linears``); with
 autocast on they keep torch's path, whose casts a member's solo run makes.
 """
 from __future__ import annotations
@@ -21,9 +21,25 @@ from torch.autograd.function import once_differentiable
 from harness.ops.common.members import fold_apply, member_first, transforms_active
 
 
+# An output this narrow (or narrower) is computed transposed and copied back: MKL's batched matmul
+# writes rows of 8 several times slower than the copy costs (measured at d_model 8: an (768, 8)
+# output 0.44 ms direct, 0.21 transposed and copied; at 32 wide the copy is the loss).
+NARROW = 8
+
+
+def contiguous_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for (G, m, k) and (G, k, n), contiguous: computed as (b^T a^T)^T and copied when its
+    rows are narrow (n <= NARROW < m). The elementwise operation that reads it next runs several
+    times slower on a transposed tensor than the copy costs."""
+    if b.shape[2] <= NARROW < a.shape[1]:
+        return torch.bmm(b.transpose(1, 2), a.transpose(1, 2)).transpose(1, 2).contiguous()
+    return torch.bmm(a, b)
+
+
 def oriented_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for (G, m, k) and (G, k, n), computed as (b^T a^T)^T when n < m: the output's longer
-    side is its contiguous one (the result may be a transposed view)."""
+    """a @ b for (G, m, k) and (G, k, n) with the output's longer side contiguous (a transposed
+    view when n < m): never slower than either orientation alone, for a result that is only
+    reshaped (a weight's gradient)."""
     if b.shape[2] >= a.shape[1]:
         return torch.bmm(a, b)
     return torch.bmm(b.transpose(1, 2), a.transpose(1, 2)).transpose(1, 2)
@@ -36,14 +52,14 @@ class GroupedMatmul(torch.autograd.Function):
     def forward(ctx, x, w, b):
         ctx.save_for_backward(x, w)
         ctx.has_bias = b is not None
-        y = oriented_bmm(x, w.transpose(1, 2)).contiguous()
+        y = contiguous_bmm(x, w.transpose(1, 2))
         return y.add_(b.unsqueeze(1)) if b is not None else y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        dx = oriented_bmm(dy, w) if ctx.needs_input_grad[0] else None
+        dx = contiguous_bmm(dy, w) if ctx.needs_input_grad[0] else None
         dw = oriented_bmm(dy.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
         db = dy.sum(dim=1) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db
