@@ -168,10 +168,16 @@ def test_per_layer_clipping_is_clip_grad_norm_and_large_finite_gradients_are_no_
     """The norm formed from the per-layer sums clips exactly as torch's global clip does, at
     ordinary and at very large (finite) gradients."""
     for scale in (1.0, 1e12):
-        watch, model, reference = _watched_step(scale=scale, max_norm=0.5)
+        watch, model, reference = _watched_step(scale=scale, max_norm=0.1)
         watch.check()  # no fault
-        expected = [g.clone() for g in reference]
-        torch.nn.utils.clip_grad_norm_(expected, 0.5)
+        # clip_grad_norm_ scales the .grad of the tensors it is given: leaves holding the reference
+        expected = [torch.zeros_like(g, requires_grad=True) for g in reference]
+        for leaf, g in zip(expected, reference):
+            leaf.grad = g.clone()
+        before = torch.nn.utils.clip_grad_norm_(expected, 0.1)
+        assert before > 0.1  # the step needed clipping
         got = [p.grad for p in model.parameters() if p.grad is not None]
         for g, e in zip(got, expected):
-            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-12)
+            torch.testing.assert_close(g, e.grad, rtol=1e-5, atol=1e-12)
+        clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in got]))
+        assert clipped.item() == pytest.approx(0.1, rel=1e-4)

@@ -133,12 +133,13 @@ class FaultWatch:
         """Clip the gradients to ``max_norm`` (0: no clipping), as clip_grad_norm_ does, from the
         per-layer norms this check needs anyway; then fold the step's checks into ``first``."""
         self._record(Site("loss", None), loss.detach())
-        grads, groups = [], []
+        grads, groups, owners = [], [], []
         for p_group, params in enumerate(self._param_groups):
             for p in params:
                 if p.grad is not None:
                     grads.append(p.grad)
                     groups.append(p_group)
+                    owners.append(p)
         if grads:
             # one pass over every gradient (what clip_grad_norm_ runs); the per-tensor norms are
             # squared and summed per layer in float64, so only a single tensor's norm past
@@ -151,7 +152,8 @@ class FaultWatch:
                 self._value_sites.append(self._gradient_sites[g])
             if max_norm > 0:
                 total = per_layer.sum().sqrt().to(grads[0].dtype)
-                torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
+                # it scales the .grad of the tensors it is given: the parameters, not the gradients
+                torch.nn.utils.clip_grads_with_norm_(owners, max_norm, total)
         values = torch.stack(self._values)  # promoted to the widest dtype (float64 here)
         sites = self._on_device(self._value_sites, values.device)
         bad = torch.zeros(len(self.sites), device=values.device, dtype=torch.float64).index_add_(

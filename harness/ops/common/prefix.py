@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .members import FoldsMembers, member_first
+
 
 def scan_add(x: torch.Tensor, dim: int, *, reverse: bool = False) -> torch.Tensor:
     """Inclusive cumulative sum along dim (from the end when reverse), one slice add per step."""
@@ -34,7 +36,16 @@ def scan_add(x: torch.Tensor, dim: int, *, reverse: bool = False) -> torch.Tenso
     return out
 
 
-class _Cumsum(torch.autograd.Function):
+class _Cumsum(FoldsMembers, torch.autograd.Function):
+    @staticmethod
+    def fold_members(size, in_dims, args):  # a group's members as a new leading dimension
+        x, dim = args
+        return (member_first(x, in_dims[0], size), dim + 1), None
+
+    @staticmethod
+    def unfold_members(size, y, how):
+        return y, 0
+
     @staticmethod
     def forward(ctx, x, dim):
         ctx.dim = dim

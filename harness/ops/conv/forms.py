@@ -17,10 +17,29 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .. import fused_cpu
+from ..common.members import FoldsMembers, member_first
 
 
-class CausalConvCPU(torch.autograd.Function):
-    """(x, weight, bias) -> y through the fused CPU kernel; the kernel wants the taps as (K, C)."""
+class CausalConvCPU(FoldsMembers, torch.autograd.Function):
+    """(x, weight, bias) -> y through the fused CPU kernel; the kernel wants the taps as (K, C).
+    A group's members (harness.ops.common.members) fold into the channels: each member's taps
+    are its own, and a depthwise convolution never mixes channels."""
+
+    @staticmethod
+    def fold_members(size, in_dims, args):
+        (x, weight, bias), (dx, dw, db) = args, in_dims
+        x = member_first(x, dx, size)  # (G, B, T, C)
+        g, b, t, c = x.shape
+        x = x.permute(1, 2, 0, 3).reshape(b, t, g * c).contiguous()  # (B, T, G C)
+        weight, bias = member_first(weight, dw, size), member_first(bias, db, size)  # (G, C, K), (G, C)
+        return (x, weight.reshape(g * c, -1), bias.reshape(g * c)), c
+
+    @staticmethod
+    def unfold_members(size, y, c):
+        b, t, _ = y.shape
+        # members first again, in memory too: the elementwise ops after it (a feature map, its
+        # backward) run several times slower on the interleaved layout
+        return y.view(b, t, size, c).permute(2, 0, 1, 3).contiguous(), 0  # (G, B, T, C)
 
     @staticmethod
     def forward(ctx, x, weight, bias):

@@ -32,6 +32,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import fused_cpu
 from ..common.chunking import chunk_blocks
+from ..common.members import FoldsMembers
 from ..common.precision import autocast_off, compute_dtype
 from ..common.prefix import scan_add, scan_states
 
@@ -139,7 +140,7 @@ def _reverse_cumsum_time(x: torch.Tensor) -> torch.Tensor:
     return within.add_(later.unsqueeze(2))
 
 
-class DecayChunk(torch.autograd.Function):
+class DecayChunk(FoldsMembers, torch.autograd.Function):
     """(q, k, v, x, S0) -> (o, S) over chunked inputs.
 
     q, k: (M, N, C, Dk), v: (M, N, C, Dv), contiguous, one dtype; x: (M, N, C, G) log
@@ -245,7 +246,7 @@ def final_state_log_decay_grad(ds_final, s_final, per_dim: bool, dtype) -> torch
     return last if per_dim else last.sum(dim=-1, keepdim=True)
 
 
-class DecayChunkCPU(torch.autograd.Function):
+class DecayChunkCPU(FoldsMembers, torch.autograd.Function):
     """:class:`DecayChunk` through the fused CPU kernels (harness/ops/decay/decay_cpu.cpp, gated_cpu.cpp): same
     signature and results, for scalar gates and per-dimension gates alike; the kernels recompute
     the in-chunk weights in the backward pass instead of saving them.

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .. import fused_cpu
+from ..common.members import FoldsMembers
 from ..common.segments import segsum, suffix_sum
 
 
@@ -144,7 +145,7 @@ def block_state(k_out: torch.Tensor, end_decay: Optional[torch.Tensor], u: torch
     return s + (s_in if end_decay is None else end_decay[..., None, None] * s_in)
 
 
-class DeltaChunkCPU(torch.autograd.Function):
+class DeltaChunkCPU(FoldsMembers, torch.autograd.Function):
     """The chunk form through the fused CPU kernel (harness/ops/delta/delta_cpu.cpp), with a
     hand-written backward pass: each thread walks whole sequences chunk by chunk (per chunk the
     module docstring's products, U by one triangular solve), recomputing a chunk's factors in

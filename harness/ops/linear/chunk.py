@@ -26,12 +26,13 @@ from torch.autograd.function import once_differentiable
 
 from .. import fused_cpu
 from ..common.chunking import chunk_blocks
+from ..common.members import FoldsMembers
 from ..common.guards import check_finite_denominator, floor_denominator
 from ..common.precision import autocast_off, compute_dtype
 from ..common.prefix import scan_states
 
 
-class LinearChunk(torch.autograd.Function):
+class LinearChunk(FoldsMembers, torch.autograd.Function):
     """(q, k, v, S0, z0) -> (o, S, z) over chunked inputs.
 
     q, k: (M, N, C, Dk), v: (M, N, C, Dv), contiguous, one dtype; s0 (M, Dk, Dv) and z0
@@ -120,7 +121,7 @@ class LinearChunk(torch.autograd.Function):
                 ds0 if need[3] else None, dz0.squeeze(-1) if need[4] else None, None, None, None)
 
 
-class LinearChunkCPU(torch.autograd.Function):
+class LinearChunkCPU(FoldsMembers, torch.autograd.Function):
     """:class:`LinearChunk` through the fused CPU kernel (harness/ops/linear/linear_cpu.cpp): same
     signature and results; A is recomputed in the backward pass instead of saved."""
 

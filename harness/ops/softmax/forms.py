@@ -15,12 +15,14 @@ O(T W), not O(T^2). ``window_weights`` gives the banded weights (rows= for a few
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from ..common.chunking import from_chunks, to_chunks
 from ..common.guards import check_qkv, check_qkv_step, query_positions
+from ..common.members import fold_call
 
 
 def _scale(d: int, scale: float | None) -> float:
@@ -33,7 +35,8 @@ def softmax_attention(q, k, v, *, causal=True, scale=None):
     scale defaults to 1/sqrt(Dk).
     """
     check_qkv(q, k, v, "softmax_attention")
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=_scale(q.shape[-1], scale))
+    # a group's members folded into the batch: vmap would run the fused kernel member by member
+    return fold_call(partial(F.scaled_dot_product_attention, is_causal=causal, scale=_scale(q.shape[-1], scale)), q, k, v)
 
 
 def softmax_weights(q, k, *, causal=True, scale=None, rows=None):
@@ -93,7 +96,7 @@ def window_attention(q, k, v, window, *, scale=None):
     b, h, t, _ = q.shape
     scale = _scale(q.shape[-1], scale)
     if window >= t:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return fold_call(partial(F.scaled_dot_product_attention, is_causal=True, scale=scale), q, k, v)
     c = window
     qc, kc, vc = (to_chunks(x, c) for x in (q, k, v))  # (B, H, N, C, D), zero-padded at the end
     n = qc.shape[2]
@@ -102,7 +105,7 @@ def window_attention(q, k, v, window, *, scale=None):
     values = torch.cat([before(vc), vc], dim=3).flatten(0, 1)
     mask = _band(c, 2 * c, window, c, q.device).expand(n, c, 2 * c).clone()  # (N, C, 2C)
     mask[0, :, :c] = False  # the first block has no block before it (its zero padding is not a key)
-    o = F.scaled_dot_product_attention(qc.flatten(0, 1), keys, values, attn_mask=mask, scale=scale)
+    o = fold_call(partial(F.scaled_dot_product_attention, attn_mask=mask, scale=scale), qc.flatten(0, 1), keys, values)
     return from_chunks(o.view(b, h, n, c, v.shape[-1]), t)  # padded queries' rows cut off
 
 

@@ -1,0 +1,132 @@
+"""Grouped training against solo runs: CPU seconds per run, per training step, at the quick
+profile's shapes.
+
+For a shape (Hydra overrides: an experiment, a mixer, a width) and a group size G, the runs
+are G seeds of it. Solo: harness.train.loop.train on `solo_runs` of them, one after another
+(each run's cost is the same: one shape); grouped: harness.train.group.train_group on all G.
+Both are timed from inside, by process CPU time at each step's end (their on_step callbacks),
+over `steps` steps after `warmup`; evaluation waits until after the last timed step, and the
+end-of-run measurements and model.pt are off, as they are not training steps. With one torch
+thread, CPU seconds are what a run costs a core, whatever else the machine runs.
+
+`python -m harness.bench.group [--steps N] [--sizes 8,16] [--json PATH]` prints the table of
+SHAPES.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from harness.bench.timing import median
+
+# The quick profile's shapes: capacity's d_model 8 (and 16), sharpness's d_model 32, a 4-layer hybrid.
+CAPACITY = ["+experiment=capacity", "task.num_pairs=8"]
+SHAPES: dict[str, list[str]] = {
+    "capacity elu d_model 8": [*CAPACITY, "model=elu", "model.d_model=8"],
+    "capacity deltanet d_model 8": [*CAPACITY, "model=deltanet", "model.d_model=8"],
+    "capacity elu d_model 16": [*CAPACITY, "model=elu", "model.d_model=16"],
+    "sharpness gated_deltanet d_model 32": ["+experiment=sharpness", "model=gated_deltanet"],
+    "hybrid gated_deltanet*3+softmax d_model 32": [
+        "+experiment=hybrid", "model=gated_deltanet",
+        "model.layers=[gated_deltanet,gated_deltanet,gated_deltanet,softmax]"],
+}
+
+
+def shape_plans(overrides: Sequence[str], seeds: int, max_steps: int, out_dir: Path) -> list:
+    """Plans of `seeds` runs of the shape (seeds 0, 1, ...), fitted as run_job fits them."""
+    from harness.config.compose import compose_config
+    from harness.config.plan import prepare
+    from harness.train.memory import fitted
+
+    fixed = ["logger=none", "trainer.progress=false", "trainer.measure=false", "trainer.checkpoint=false",
+             f"trainer.max_steps={max_steps}", f"trainer.eval_every={max_steps}", "trainer.target_accuracy=null",
+             "trainer.patience=null", "trainer.ckpt_every=null", "trainer.device=cpu"]
+    return [fitted(prepare(compose_config([*overrides, *fixed, f"seed={s}", f"out_dir={out_dir / str(s)}"])))
+            for s in range(seeds)]
+
+
+def _per_step(stamps: list[float], warmup: int) -> float:
+    """CPU seconds per step between the end of step `warmup` and the last step."""
+    return (stamps[-1] - stamps[warmup - 1]) / (len(stamps) - warmup)
+
+
+def solo_seconds(plan, warmup: int) -> float:
+    """CPU seconds per step of one solo run (harness.train.loop.train)."""
+    from harness.train.loop import train
+
+    stamps: list[float] = []
+    with contextlib.redirect_stdout(io.StringIO()):  # train() reports its run
+        train(plan, Path(plan.cfg.out_dir), on_step=lambda step: stamps.append(time.process_time()))
+    return _per_step(stamps, warmup)
+
+
+def grouped_seconds(plans: list, warmup: int) -> float:
+    """CPU seconds per step of the whole group (harness.train.group.train_group)."""
+    from harness.train.group import train_group
+
+    stamps: list[float] = []
+    train_group(plans, on_step=lambda step, group: stamps.append(time.process_time()))
+    return _per_step(stamps, warmup)
+
+
+def shape_rows(name: str, overrides: Sequence[str], sizes: Sequence[int], *, steps: int = 30, warmup: int = 5,
+               solo_runs: int = 2) -> list[dict[str, Any]]:
+    """The shape's rows, one per group size: CPU milliseconds per run and step, solo (the median of
+    `solo_runs` runs, measured once for every size) and in a group of that size."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="harness-bench-group-") as tmp:
+        plans = shape_plans(overrides, max(sizes), warmup + steps, Path(tmp))
+        solo = median([solo_seconds(p, warmup) for p in plans[:solo_runs]])
+        for size in sizes:
+            grouped = grouped_seconds(plans[:size], warmup) / size
+            rows.append({"shape": name, "group_size": size, "batch_size": plans[0].cfg.trainer.batch_size,
+                         "train_len": plans[0].train_len, "solo_ms_per_step": solo * 1e3,
+                         "grouped_ms_per_step_per_run": grouped * 1e3, "speedup": solo / grouped,
+                         "steps": steps, "warmup": warmup, "solo_runs": solo_runs, "overrides": list(overrides)})
+    return rows
+
+
+def group_table(shapes: dict[str, list[str]] | None = None, sizes: Sequence[int] = (8, 16), **kw) -> list[dict]:
+    """The rows of every shape, one torch thread (restored after)."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    try:
+        return [row for name, overrides in (shapes or SHAPES).items() for row in shape_rows(name, overrides, sizes, **kw)]
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| shape | G | solo ms/step | grouped ms/step per run | solo / grouped |", "|---|---|---|---|---|"]
+    lines += [f"| {r['shape']} | {r['group_size']} | {r['solo_ms_per_step']:.2f} | "
+              f"{r['grouped_ms_per_step_per_run']:.2f} | {r['speedup']:.2f}x |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.group", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--sizes", default="8,16", help="comma-separated group sizes")
+    parser.add_argument("--shapes", default=None, help="comma-separated names of SHAPES (default: all)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    shapes = SHAPES if args.shapes is None else {k: SHAPES[k] for k in args.shapes.split(",")}
+    rows = group_table(shapes, [int(s) for s in args.sizes.split(",")], steps=args.steps, warmup=args.warmup)
+    print(format_table(rows))
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

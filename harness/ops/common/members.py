@@ -1,0 +1,134 @@
+"""The chunk Functions under torch.func.vmap: a group's member dimension folded into their batch.
+
+Grouped training (harness.train.group) runs G models of one shape as one, with
+``vmap(functional_call)`` over their stacked parameters. vmap sees through every torch
+operator, but not through a hand-written autograd Function (the chunk forms and the fused CPU
+kernels): for those it needs a rule. The rule here is the one the kernels want: the member
+dimension becomes part of the batch they already walk (B*H sequences become G*B*H), the
+Function runs once, on plain tensors, with its own forward and backward, and its outputs are
+seen by vmap as G members again. Every sequence of the folded batch is computed on its own,
+so a member's numbers are those it gets alone.
+
+A Function opts in by listing :class:`FoldsMembers` first among its bases; outside vmap its
+``apply`` is the Function's own. A plain function torch cannot batch in one call (the fused
+attention kernels: vmap runs them member by member) goes through :func:`fold_call`. The default fold suits Functions whose tensor arguments all
+lead with the batch (q, k, v, states, gates); a Function whose arguments hold per-member
+parameters or a dimension index overrides ``fold_members`` (the short convolution folds the
+members into its channels; the prefix sum into a new leading dimension).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+def member_first(x: Any, dim: int | None, size: int) -> Any:
+    """x with the member dimension at 0: moved there, or x repeated for each member when vmap
+    holds it unbatched (a tensor shared by the members); non-tensors as they are."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if dim is None:
+        return x.unsqueeze(0).expand(size, *x.shape)
+    return x.movedim(dim, 0)
+
+
+def fold_members(size: int, in_dims: Sequence[int | None], args: tuple) -> tuple[tuple, Any]:
+    """The default fold: each tensor's member dimension merged into its first, (G, M, ...) ->
+    (G*M, ...); (the folded arguments, what ``unfold_members`` needs)."""
+    folded = []
+    for x, dim in zip(args, in_dims):
+        x = member_first(x, dim, size)
+        folded.append(x.reshape(size * x.shape[1], *x.shape[2:]).contiguous() if isinstance(x, torch.Tensor) else x)
+    return tuple(folded), None
+
+
+def unfold_members(size: int, outputs: Any, how: Any) -> tuple[Any, Any]:
+    """The default unfold: each output tensor's first dimension split, (G*M, ...) -> (G, M, ...);
+    (the outputs, their member dimensions) for vmap."""
+    def split(y):
+        return y.view(size, y.shape[0] // size, *y.shape[1:]) if isinstance(y, torch.Tensor) else y
+
+    def dims(y):
+        return 0 if isinstance(y, torch.Tensor) else None
+
+    if isinstance(outputs, tuple):
+        return tuple(split(y) for y in outputs), tuple(dims(y) for y in outputs)
+    return split(outputs), dims(outputs)
+
+
+def _active() -> bool:
+    # the test torch.autograd.Function.apply makes before it hands a call over to functorch
+    return torch._C._are_functorch_transforms_active()
+
+
+class FoldsMembers:
+    """Mixin for a torch.autograd.Function: under vmap, run it once on the members folded into its
+    batch (see the module docstring). List it before torch.autograd.Function."""
+
+    fold_members = staticmethod(fold_members)
+    unfold_members = staticmethod(unfold_members)
+
+    @classmethod
+    def apply(cls, *args):
+        if not _active():
+            return super().apply(*args)
+        return _MemberFold.apply(cls, *args)
+
+    @classmethod
+    def run_folded(cls, *args):
+        """The Function itself, on the folded (plain) tensors."""
+        return super(FoldsMembers, cls).apply(*args)
+
+
+class _Plain:
+    """A plain function of batch-leading tensors, folded as FoldsMembers folds (fold_call)."""
+
+    fold_members = staticmethod(fold_members)
+    unfold_members = staticmethod(unfold_members)
+
+    def __init__(self, function: Callable) -> None:
+        self.run_folded = function
+
+
+def fold_call(function: Callable, *tensors: torch.Tensor) -> Any:
+    """function(*tensors), the tensors leading with the batch (settings bound in, functools.partial):
+    under vmap, one call on the members folded into that batch, where torch has no batching rule
+    of its own for it (the fused attention kernels) or the rule runs member by member."""
+    if not _active():
+        return function(*tensors)
+    return fold_apply(_Plain(function), *tensors)
+
+
+def fold_apply(folder: Any, *args: Any) -> Any:
+    """Under vmap: ``folder.unfold_members(G, folder.run_folded(*folded), how)`` with
+    ``folded, how = folder.fold_members(G, in_dims, args)``, run once below the vmap level, where
+    autograd records the call on plain tensors. ``folder``: any object with those three methods
+    (a FoldsMembers Function, a fold_call function, a group's own folds)."""
+    return _MemberFold.apply(folder, *args)
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform (vmap) is running: where a folded call is needed."""
+    return _active()
+
+
+class _MemberFold(torch.autograd.Function):
+    """The vmap rule of every folded call (its folder is the first argument: a FoldsMembers
+    Function or a _Plain function). Only vmap calls it: ``vmap`` runs below the vmap level, where
+    the call records its autograd nodes on the plain tensors, so a backward pass outside vmap
+    reaches them."""
+
+    @staticmethod
+    def forward(folder, *args):
+        raise RuntimeError("the member fold runs under torch.func.vmap only")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def vmap(info, in_dims, folder, *args):
+        folded, how = folder.fold_members(info.batch_size, in_dims[1:], args)
+        return folder.unfold_members(info.batch_size, folder.run_folded(*folded), how)
