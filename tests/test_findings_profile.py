@@ -6,8 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import subprocess
-from pathlib import Path
-
 import pytest
 from conftest import make_results
 
@@ -24,6 +22,9 @@ def test_the_findings_profile_draws_the_figures_of_its_own_experiments():
     drawn = pipeline.profile_figures(figures.FIGURES, "findings")
     assert {s.name for s in drawn} == {s.name for s in figures.FIGURES if s.experiment in names}
     assert all(set(s.also) <= set(names) for s in drawn)
+    # committed results carry no weights: every findings figure draws from results.json alone
+    reopening = [s.name for s in drawn if s.reopens_runs]
+    assert not reopening, f"findings figures that reopen model.pt, which analysis.archive leaves behind: {reopening}"
     assert len(pipeline.profile_figures(figures.FIGURES, "quick")) == len(figures.FIGURES)
 
 
@@ -111,15 +112,9 @@ def test_a_gzip_file_that_inflates_past_any_results_json_is_refused(tmp_path):
 
 def test_the_smoke_runs_the_findings_experiments(tree, tmp_path, capsys):
     calls = []
-
-    def fake_run(cmd, check):
-        calls.append(cmd)
-        experiment = cmd[4].split("=", 1)[1].split("/")[-1]
-        make_results.write_results_tree(Path(cmd[5].split("=", 1)[1]).parent, [experiment])
-        return subprocess.CompletedProcess(cmd, 0)
-
     specs = [s for s in figures.FIGURES if s.name == "lr_window"]
-    code = smoke.run("findings", tmp_path / "smoke", tmp_path / "figs", specs, only={"lr_window"}, runner=fake_run)
+    code = smoke.run("findings", tmp_path / "smoke", tmp_path / "figs", specs, only={"lr_window"},
+                     runner=make_results.sweep_runner(calls))
     assert code == 0 and [c[4] for c in calls] == ["+experiment=findings/lr_window"]
     estimate = json.loads((tmp_path / "smoke" / smoke.COST_FILE).read_text())["experiments"]["lr_window"]
     assert estimate["jobs"] == 300 and estimate["steps_per_job"] == 1000
