@@ -1,6 +1,9 @@
-"""The pieces `python -m analysis.figures` and its smoke (analysis.smoke) share: the multirun
-that makes a sweep's results, drawing and saving figures from results (each figure as its
-module declares it: analysis.plots.FigureSpec), and the closing report. Both entry points import this module; it imports neither.
+"""The pieces `python -m analysis.figures` and its smoke (analysis.smoke) share: the profiles and
+their experiments, the multirun that makes a sweep's results (run again until every job of its
+grid has finished), drawing and saving figures from results (each figure as its module declares
+it: analysis.plots.FigureSpec; a figure with five seeds also says whether each mixer's rate lies
+in its learning-rate window, analysis.windows), and the closing report. Both entry points import
+this module; it imports neither.
 """
 from __future__ import annotations
 

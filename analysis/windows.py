@@ -111,8 +111,20 @@ def windows_table(rows: pd.DataFrame, value: str = "summary.accuracy", label: st
         if "lower_bound" in grp.columns:
             row["runs_at_max_steps"] = int(grp["lower_bound"].sum())
             row["lower_bound"] = bool(grp["lower_bound"].any())
+        row["measured_at"] = measured_at(grp.iloc[0])
         out.append(row)
     return pd.DataFrame(out)
+
+
+def measured_at(run: pd.Series) -> str:
+    """The setting a window was measured at, in words ("recall, seq_len 64, 8 pairs, d_model 64"):
+    a figure that holds another task's rates against it says where it came from."""
+    parts = [str(run["task"])] if pd.notna(run.get("task")) else []
+    for column, unit in (("config.task.seq_len", "seq_len {}"), ("config.task.num_pairs", "{} pairs"),
+                         ("config.model.d_model", "d_model {}")):
+        if pd.notna(run.get(column)):
+            parts.append(unit.format(int(run[column])))
+    return ", ".join(parts)
 
 
 def trained_runs(data: pd.DataFrame) -> pd.DataFrame:
@@ -158,7 +170,7 @@ def rate_check(runs: pd.DataFrame, windows: pd.DataFrame | None, label: str = "l
         else:
             low, high = found["window_low"], found["window_high"]
             inside = bool(low * (1 - 1e-9) <= lr <= high * (1 + 1e-9))
-            row.update(window_low=low, window_high=high, in_window=inside,
+            row.update(window_low=low, window_high=high, in_window=inside, measured_at=found.get("measured_at"),
                        note="inside" if inside else ("below" if lr < low else "above") + " its window")
             if inside and ((found["low_open"] and lr <= low) or (found["high_open"] and lr >= high)):
                 row["note"] = "inside, at an open end of the rates tried"
@@ -196,4 +208,6 @@ def check_sentence(check: pd.DataFrame, label: str = "label") -> str:
     parts = [f"inside for {', '.join(groups['inside'])}" if groups["inside"] else "",
              f"outside for {', '.join(groups['outside'])}" if groups["outside"] else "",
              f"no window measured for {', '.join(groups['unmeasured'])}" if groups["unmeasured"] else ""]
-    return "Each mixer's rate against its learning-rate window (lr_window): " + "; ".join(p for p in parts if p)
+    where = sorted({str(w) for w in check.get("measured_at", pd.Series(dtype=object)).dropna()})
+    source = f"lr_window, measured on {' and '.join(where)}" if where else "lr_window"
+    return f"Each mixer's rate against its learning-rate window ({source}): " + "; ".join(p for p in parts if p)

@@ -95,7 +95,8 @@ def test_a_ranked_figure_says_whether_each_mixers_rate_lies_in_its_window(tree, 
     data = pipeline.load_figure_data(tree, spec)
     fig = spec.draw(data)
     pipeline.check_rates(fig, "sharpness", data, pipeline.MeasuredWindows(tree))
-    assert "learning-rate window (lr_window): inside for softmax" in fig.caption
+    assert "learning-rate window (lr_window, measured on recall, 8 pairs, d_model 64): inside for softmax" \
+        in fig.caption
     assert "no window measured for deltanet" in fig.get_suptitle().replace("\n", " ")
     assert not (tmp_path / "mqar_lr_window.csv").exists()  # one seed: an illustration ranks nothing
     bare = tmp_path / "bare"

@@ -228,7 +228,7 @@ def reassignment_figure(data) -> Figure:
     keys in the same runs): accuracy per cell, the rule's gains and their interaction, and the
     share of the wrong answers on overwritten keys that are the stale value."""
     kinds, runs, how = reassignment_runs(data)
-    fig, axes = new_figure(1, 3, panel=(4.2, 3.4), legend=1.8)
+    fig, axes = new_figure(1, 3, panel=(4.6, 3.4), legend=1.8)
     left, mid, right = axes
     order, styles = label_order(kinds), label_styles(kinds)
     per_kind = forgetting_table(kinds)
@@ -236,7 +236,7 @@ def reassignment_figure(data) -> Figure:
         draw_bars(left, per_kind[per_kind["key"] == kind], order, styles[0], offset=offset, width=0.4,
                   color_of=lambda _lab, kind=kind: SHADE[kind], label=kind)
     # a mixer's name above its rule: side by side they run into the next mixer's at any slant
-    left.set_xticks(range(len(order)), [lab.replace(" ", "\n") for lab in order], rotation=0, fontsize="small")
+    left.set_xticks(range(len(order)), [lab.replace(" ", "\n") for lab in order], rotation=0, fontsize="x-small")
     left.axhline(0.5, color="0.5", lw=0.8, ls=":")  # guessing between a key's two values
     left.set(ylim=(0, 1.05), xlabel="mixer", ylabel="recall accuracy (fraction of queries)",
              title="each cell of the 2x2")
