@@ -57,7 +57,7 @@ def lr_window_figure(data) -> Figure:
         raise MissingData("no learning-rate grid")
     colors, markers = label_styles(runs)
     depths = sorted(int(d) for d in runs[DEPTH].dropna().unique())
-    fig, axes = new_figure(1, len(depths), panel=(4.4, 3.4), legend=2.2)
+    fig, axes = new_figure(1, len(depths), panel=(5.2, 3.6), legend=2.2)
     for ax, depth in zip(axes, depths):
         here = points[points[DEPTH] == depth]
         draw_estimates(ax, here, windows.LR, {k: v for k, v in colors.items() if (here["label"] == k).any()},
@@ -79,8 +79,8 @@ def lr_window_figure(data) -> Figure:
                frameon=False)
     caption(fig, "Learning-rate windows on MQAR: accuracy against the rate, per mixer and depth", points, legend=2.2,
             extra=f"bars: each mixer's window, the rates where its mean reaches {windows.WINDOW_SHARE:g} of its "
-                  f"best (interpolated in log rate), drawn at that level; its width in decades with a "
-                  f"{windows.WIDTH_METHOD} in lr_window.csv; a ring: a run that ended at max_steps (a lower bound)")
+                  "best (log rate interpolated), at that level; widths in decades, from five seeds with a "
+                  "percentile bootstrap interval, in lr_window.csv; ring: a run that ended at max_steps")
     fig.tables = {"lr_window": table.rename(columns={windows.LAYERS: DEPTH}),
                   "lr_window_points": points.rename(columns={windows.LR: "lr"})}
     return fig
