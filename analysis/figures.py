@@ -3,11 +3,15 @@
     python -m analysis.figures --profile quick --out figures/quick       # run missing sweeps, plot
     python -m analysis.figures --results results/quick --out figs       # plot existing results only
     python -m analysis.figures --profile paper --smoke                   # every paper job, one step each
+    python -m analysis.figures --profile findings --only lr_window      # one figure's sweep, then its figure
+    python -m analysis.figures --results docs/results/findings --out f  # from committed results (gzip'd)
 
 Each sweep's results live in ``<results>/<experiment>/``; the default results root is
-``results/<profile>``. A missing sweep is run as
+``results/<profile>``. A missing or unfinished sweep is run as
 ``python -m harness -m +experiment=<name> hydra.sweep.dir=<results>/<name>``
-(``+experiment=paper/<name>`` for the paper profile). Every figure is written as PNG and
+(``+experiment=<profile>/<name>`` for the paper and findings profiles); a sweep killed part-way
+is run again by the same command, which trains only the runs it lacks. The findings profile
+(harness/conf/experiment/findings/) draws only the figures whose experiment it holds. Every figure is written as PNG and
 PDF; a figure whose data is absent is skipped with a warning, and the command then exits 1
 naming it. Bad arguments (a results path that does not exist, an unknown figure, an output
 folder that cannot be written) stop it with one line and exit code 2 before any work. A run
@@ -31,14 +35,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from analysis import smoke
+from analysis import archive, smoke
 from analysis.loader import NoResultsError, find_results
 # The pipeline's pieces, importable from here as before (notebooks, tests).
-from analysis.pipeline import (FORMATS, TRUST_FLAG, FigureSpec, has_results, load_figure_data, render,  # noqa: F401
-                               report, extend_edge_rates, run_missing_sweeps, save_figure, sweep_command)
+from analysis.pipeline import (FORMATS, PROFILES, TRUST_FLAG, FigureSpec, has_results, load_figure_data,  # noqa: F401
+                               profile_figures, render, report, extend_edge_rates, run_missing_sweeps,
+                               save_figure, sweep_command)
 from analysis.plots import figures
-
-PROFILES = ("quick", "paper")
 
 
 # Every figure a module of analysis/plots declares (its FIGURES): a new figure is listed by its
@@ -51,7 +54,17 @@ class ArgumentError(ValueError):
 
 
 def check_arguments(args) -> tuple[Path, Path]:
-    """(results root, output folder), both usable, before any work; ArgumentError otherwise."""
+    """(results root, output folder), both usable, before any work; ArgumentError otherwise.
+    Settles ``args.profile``: the one given, else that of committed results (analysis.archive's
+    manifest in --results), else quick; and refuses a figure (--only) the profile does not draw."""
+    if args.profile is None:
+        args.profile = (archive.profile_of(Path(args.results)) if args.results else None) or "quick"
+    if args.only:
+        drawn = {s.name for s in profile_figures(FIGURES, args.profile)}
+        outside = [name for name in args.only if name not in drawn]
+        if outside:
+            raise ArgumentError(f"--only {', '.join(outside)}: not a figure of the {args.profile} profile "
+                                f"(its figures: {', '.join(sorted(drawn))})")
     root = Path(args.results) if args.results else Path("results") / (
         f"{args.profile}-smoke" if args.smoke else args.profile)
     out_dir = Path(args.out) if args.out else Path("figures") / (f"{args.profile}-smoke" if args.smoke else args.profile)
@@ -103,7 +116,7 @@ def main(argv=None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, never a window
-    specs = [s for s in FIGURES if not args.only or s.name in args.only]
+    specs = [s for s in profile_figures(FIGURES, args.profile) if not args.only or s.name in args.only]
     if args.smoke:
         chosen = {s.experiment for s in specs if s.experiment} if args.only else None
         return smoke.run(args.profile, root, out_dir, specs, smoke_grid=args.smoke_grid, only=chosen)
@@ -124,8 +137,10 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="python -m analysis.figures", description=__doc__.split("\n")[0])
-    parser.add_argument("--profile", choices=PROFILES, default="quick",
-                        help="sweep size: experiment files <name> (quick) or paper/<name> (paper)")
+    parser.add_argument("--profile", choices=PROFILES, default=None,
+                        help="sweep size: experiment files <name> (quick, the default), paper/<name> (paper) or "
+                             "findings/<name> (findings: its own figures only); with --results of committed "
+                             "results (analysis.archive), theirs")
     parser.add_argument("--out", help="folder for the PNG and PDF files (default figures/<profile>)")
     parser.add_argument("--results", help="plot existing results under this root; run nothing")
     parser.add_argument("--only", nargs="+", choices=[s.name for s in FIGURES], metavar="FIGURE",

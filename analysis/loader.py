@@ -13,6 +13,10 @@ it (one JSON line per evaluation during training: step, split, accuracy, ...) is
 run's value moves to ``run.<name>`` (the probe table's ``model`` is the probed mixer, the
 run's becomes ``run.model``).
 
+Committed results (analysis.archive) keep each file gzip'd: ``results.json.gz``,
+``metrics.jsonl.gz`` and ``config.yaml.gz`` are read as the plain files are, so a folder of
+either kind loads to the same frame.
+
 Failed and unfinished runs never stop a load: a run directory without results.json is
 skipped, an unreadable or malformed results.json is kept as a failed run whose error names the
 file, and a run without a table simply contributes no rows to it. Unreadable includes a file
@@ -36,6 +40,7 @@ from harness.outputs.results import DamagedResults, parse_results_file
 
 RESULTS_FILE = "results.json"
 METRICS_FILE = "metrics.jsonl"
+GZ = ".gz"  # committed results: each file gzip'd (analysis.archive)
 RUN_COLUMNS = ("run_dir", "mode", "status", "error", "task", "model", "schema")
 # Groups of run columns, in the order they appear after the fixed ones.
 _PREFIXES = ("config.", "summary.", "env.")
@@ -58,10 +63,12 @@ def find_results(path: str | os.PathLike) -> list[Path]:
     if path.is_file():
         return [path]
     # Hidden folders (.hydra, .submitit, .ipynb_checkpoints) never hold a run's results.
-    files = [
-        f for f in path.rglob(RESULTS_FILE)
+    found = [
+        f for pattern in (RESULTS_FILE, RESULTS_FILE + GZ) for f in path.rglob(pattern)
         if not any(part.startswith(".") for part in f.relative_to(path).parts[:-1])
     ]
+    # a run directory holding both forms is read once, from its plain file
+    files = [f for f in found if f.name == RESULTS_FILE or not (f.parent / RESULTS_FILE).exists()]
     if not files:
         raise NoResultsError(
             f"no {RESULTS_FILE} under {path}: expected a run directory or a sweep of run "
@@ -161,7 +168,7 @@ NUMBERS = frozenset((
     "max_weight", "target_rank", "monotonicity", "snr_measured", "snr_predicted", "snr_readout_trained",
     "acc_readout_trained", "d_kernel", "snr_predicted_from_train", "acc_predicted_from_train",
     "retrieval_layer", "retrieval_head", "log_decay", "eval_peak_mem_bytes", "peak_mem_bytes",
-    "time_s", "step_time_s", "setup_time_s", "measure_time_s", "wall_time_s", "cpu_time_s", "seq_len", "count", "layer", "head", "d", "n", "acc_measured", "acc_predicted", "d_eff", "n_eff",
+    "time_s", "step_time_s", "setup_time_s", "measure_time_s", "wall_time_s", "cpu_time_s", "seq_len", "count", "layer", "head", "d", "n", "acc_measured", "acc_predicted", "d_eff", "n_eff", "stale",
 ))
 
 
@@ -188,12 +195,28 @@ def _short(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def read_text(path: str | os.PathLike) -> str:
+    """A file's text, or that of ``<path>.gz`` beside it where only the gzip'd one exists
+    (committed results); OSError when neither can be read, UnicodeDecodeError for bytes that
+    are not text."""
+    import gzip
+
+    path = Path(path)
+    if not path.exists() and Path(f"{path}{GZ}").exists():
+        path = Path(f"{path}{GZ}")
+    if path.name.endswith(GZ):
+        with gzip.open(path, "rb") as fh:
+            return fh.read().decode()
+    return path.read_text()
+
+
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The rows of a run's metrics.jsonl; none when it has no such file. A line that does not
-    parse as an object (a run killed mid-write leaves a partial last line) is skipped."""
+    """The rows of a run's metrics.jsonl (or metrics.jsonl.gz); none when it has no such file. A
+    line that does not parse as an object (a run killed mid-write leaves a partial last line) is
+    skipped."""
     try:
-        text = (Path(run_dir) / METRICS_FILE).read_text()
-    except (OSError, UnicodeDecodeError):
+        text = read_text(Path(run_dir) / METRICS_FILE)
+    except (OSError, UnicodeDecodeError, EOFError):
         return []
     rows = []
     for line in text.splitlines():
@@ -246,8 +269,8 @@ def _saved_config(run_dir: Path) -> dict:
 
     for file in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
         try:
-            loaded = yaml.safe_load(file.read_text())
-        except (OSError, yaml.YAMLError):
+            loaded = yaml.safe_load(read_text(file))
+        except (OSError, UnicodeDecodeError, EOFError, yaml.YAMLError):
             continue
         if isinstance(loaded, dict):
             return _flatten(loaded)

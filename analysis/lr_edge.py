@@ -35,9 +35,11 @@ def grid_rates(params: dict[str, list[str]]) -> list[float]:
 
 
 def _overrides(run_dir: Path) -> dict[str, str]:
+    from analysis.loader import read_text
+
     try:
-        items = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
-    except (OSError, yaml.YAMLError):
+        items = yaml.safe_load(read_text(run_dir / ".hydra" / "overrides.yaml")) or []
+    except (OSError, UnicodeDecodeError, EOFError, yaml.YAMLError):
         return {}
     out = {}
     for item in items:
@@ -48,7 +50,7 @@ def _overrides(run_dir: Path) -> dict[str, str]:
 
 def run_scores(sweep_dir: Path) -> list[dict]:
     """Per finished training run of the first stage: its overrides, rate and validation accuracy."""
-    from analysis.loader import NoResultsError, find_results
+    from analysis.loader import NoResultsError, find_results, read_text
 
     try:
         files = find_results(sweep_dir)
@@ -59,8 +61,8 @@ def run_scores(sweep_dir: Path) -> list[dict]:
         if EXTENDED_DIR in file.relative_to(sweep_dir).parts:
             continue
         try:
-            data = json.loads(file.read_text())
-        except (OSError, ValueError):
+            data = json.loads(read_text(file))
+        except (OSError, ValueError, EOFError):
             continue
         summary = data.get("summary") or {}
         score = summary.get("val_accuracy", summary.get("accuracy"))

@@ -1,12 +1,18 @@
-"""The pieces `python -m analysis.figures` and its smoke (analysis.smoke) share: the multirun
-that makes a sweep's results, drawing and saving figures from results (each figure as its
-module declares it: analysis.plots.FigureSpec), and the closing report. Both entry points import this module; it imports neither.
+"""The pieces `python -m analysis.figures` and its smoke (analysis.smoke) share: the profiles and
+their experiments, the multirun that makes a sweep's results (run again until every job of its
+grid has finished), drawing and saving figures from results (each figure as its module declares
+it: analysis.plots.FigureSpec; a figure with five seeds also says whether each mixer's rate lies
+in its learning-rate window, analysis.windows), and the closing report. Both entry points import
+this module; it imports neither.
 """
 from __future__ import annotations
 
+import json
+import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from analysis import lr_edge
@@ -17,6 +23,34 @@ from harness.errors import OutputError
 from harness.outputs.trust import UntrustedCode
 
 TRUST_FLAG = "--trust-code"  # python -m analysis.figures's flag for harness.load_run's trust_code
+
+
+# The profiles, each a folder of experiment files: quick (harness/conf/experiment/ itself: a 2-core
+# CPU in an hour), paper (paper/: the full grids) and findings (findings/: the designs with
+# pressure that do not fit the quick hour, at most 2.5 hours of sweeps on 2 cores; it holds only
+# the experiments of its own figures).
+PROFILES = ("quick", "paper", "findings")
+# a profile whose folder holds the experiment of every figure; the others draw their own figures only
+FULL_PROFILES = ("quick", "paper")
+
+
+def profile_experiments(profile: str) -> list[str]:
+    """The experiment names of a profile, from its files (a new experiment is listed nowhere)."""
+    from harness.config.compose import CONF_DIR
+
+    root = CONF_DIR / "experiment"
+    folder = root if profile == "quick" else root / profile
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def profile_figures(specs, profile: str) -> list:
+    """The figures a profile draws: every one for a full profile; for another (findings), those
+    whose own experiment it has, each reading only the other sweeps it also has."""
+    if profile in FULL_PROFILES:
+        return list(specs)
+    names = set(profile_experiments(profile))
+    return [replace(s, also=tuple(e for e in s.also if e in names)) for s in specs
+            if s.experiment is not None and s.experiment in names]
 
 
 def sweep_command(profile: str, experiment: str, sweep_dir: Path) -> list[str]:
@@ -33,8 +67,48 @@ def has_results(sweep_dir: Path) -> bool:
         return False
 
 
+def finished_runs(sweep_dir: Path) -> int:
+    """The runs under ``sweep_dir`` that finished (status ok), those the edge rule added
+    (analysis.lr_edge) left out."""
+    from analysis.loader import read_text
+
+    try:
+        files = find_results(sweep_dir)
+    except NoResultsError:
+        return 0
+    done = 0
+    for file in files:
+        if lr_edge.EXTENDED_DIR in file.relative_to(sweep_dir).parts:
+            continue
+        try:
+            done += json.loads(read_text(file)).get("status") == "ok"
+        except (OSError, ValueError, EOFError, AttributeError):
+            continue
+    return done
+
+
+def sweep_complete(root: Path, experiment: str, profile: str) -> bool:
+    """Whether every job of the experiment's grid has finished under ``root``: a sweep killed
+    part-way is not, and the figures command runs it again (each finished run is skipped,
+    harness's sweep.skip_completed, so only what is missing is trained). An experiment whose
+    grid does not compose counts as complete where it has any results."""
+    try:
+        jobs = job_count(sweep_params(profile, experiment))
+    except Exception:  # its own sweep reports the error
+        return has_results(root / experiment)
+    return finished_runs(root / experiment) >= jobs
+
+
+def job_count(params: dict[str, list[str]], grid: str = "all") -> int:
+    """The jobs of a grid (``last``: only the mixer swept, analysis.smoke's quicker check)."""
+    counts = [len(v) for k, v in params.items() if grid == "all" or k == "model"]
+    return math.prod(counts) if counts else 1
+
+
 def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> list[str]:
-    """Run each experiment that has no results under ``root``; returns the ones run.
+    """Run each experiment whose sweep under ``root`` is missing or unfinished; returns the ones
+    run. An unfinished sweep (killed, or with failed runs) is run again with the same command,
+    which trains only the runs it lacks.
 
     ``runner`` is subprocess.run unless given. A sweep that fails is reported and left: its
     figure draws from what it wrote, or is skipped.
@@ -43,7 +117,7 @@ def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> li
     ran = []
     for experiment in experiments:
         sweep_dir = root / experiment
-        if has_results(sweep_dir):
+        if sweep_complete(root, experiment, profile):
             continue
         groups = pilot_rates(root, experiment, profile, runner)
         commands = [sweep_command(profile, experiment, lr_edge.chosen_dir(sweep_dir, lr, width))
@@ -76,7 +150,7 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
     if not (folder / f"{name}.yaml").exists() or len(lr_edge.grid_rates(sweep_params(profile, experiment))) >= 2:
         return {}  # no pilot, or a grid that chooses its rate per point itself
     pilot_dir = root / name
-    if not has_results(pilot_dir):
+    if not sweep_complete(root, name, profile):
         cmd = sweep_command(profile, name, pilot_dir)
         print(f"running rate pilot {name}: {' '.join(cmd)}", flush=True)
         code = (runner or subprocess.run)(cmd, check=False).returncode
@@ -167,10 +241,12 @@ def render(specs, root: Path, out_dir: Path, *, trust_code: bool = False) -> tup
     figure is skipped with one warning that names TRUST_FLAG.
     """
     written, missed = {}, []
+    windows = MeasuredWindows(root)
     for spec in specs:
         options = {"trust_code": trust_code} if spec.reopens_runs else {}
         try:
-            fig = spec.draw() if spec.experiment is None else spec.draw(load_figure_data(root, spec), **options)
+            data = None if spec.experiment is None else load_figure_data(root, spec)
+            fig = spec.draw() if data is None else spec.draw(data, **options)
         except NoResultsError as err:
             warn(f"figure {spec.name} skipped: {err}")
             missed.append(spec.name)
@@ -186,12 +262,57 @@ def render(specs, root: Path, out_dir: Path, *, trust_code: bool = False) -> tup
         if fig is None:
             missed.append(spec.name)
             continue
+        if data is not None and spec.experiment != WINDOWS_EXPERIMENT:
+            check_rates(fig, spec.name, data, windows)
         try:
             written[spec.name] = save_figure(fig, out_dir, spec.name)
         except OutputError as err:  # a full disk: every figure after it would fail the same way
             raise SystemExit(f"python -m analysis.figures: error: {err}") from None
         print(f"{spec.name}: " + ", ".join(str(p) for p in written[spec.name]), flush=True)
     return written, missed
+
+
+# The sweep that measures each mixer's learning-rate window (analysis.windows), in the same results
+# root as the figures it checks.
+WINDOWS_EXPERIMENT = "lr_window"
+
+
+class MeasuredWindows:
+    """The windows measured under a results root (its lr_window sweep), read once when a figure
+    first asks; None where that sweep has no results."""
+
+    def __init__(self, root: Path):
+        self.root, self._table, self._read = root, None, False
+
+    def table(self):
+        if not self._read:
+            self._read = True
+            from analysis.windows import measured_windows
+
+            try:
+                self._table = measured_windows(load_all(self.root / WINDOWS_EXPERIMENT))
+            except NoResultsError:
+                self._table = None
+        return self._table
+
+
+def check_rates(fig, name: str, data, windows: MeasuredWindows) -> None:
+    """A figure that ranks mixers (five seeds of some mixer: analysis.stats.MIN_SEEDS) says, in a
+    table ``<name>_lr_window`` and a caption sentence, whether each mixer's rate lies inside the
+    learning-rate window measured for it (analysis.windows.rate_check), or that none was."""
+    from analysis import stats
+    from analysis import windows as lr_windows
+    from analysis.plots.common import extend_caption, labelled
+
+    runs = lr_windows.trained_runs(data)
+    if runs.empty or "model" not in runs.columns or stats.SEED not in runs.columns or \
+            runs.groupby("model")[stats.SEED].nunique().max() < stats.MIN_SEEDS:
+        return  # an illustration: it orders no mixers
+    check = lr_windows.rate_check(labelled(runs), windows.table())
+    if check.empty:
+        return
+    fig.tables = {**getattr(fig, "tables", {}), f"{name}_lr_window": check}
+    extend_caption(fig, lr_windows.check_sentence(check) + f" ({name}_lr_window.csv)")
 
 
 def report(written, missed, specs, out_dir: Path) -> int:

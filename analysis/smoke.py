@@ -2,9 +2,10 @@
 figure, then what the full profile would cost.
 
     python -m analysis.figures --profile paper --smoke [--out DIR] [--smoke-grid last]
+    python -m analysis.figures --profile findings --smoke [--only lr_window]
 
 The experiments are the files of harness/conf/experiment/<profile>/ (the quick profile: the
-files of harness/conf/experiment/ itself), so a new experiment is smoke-tested without being
+files of harness/conf/experiment/ itself; the findings profile: findings/), so a new experiment is smoke-tested without being
 listed anywhere. Each runs as `python -m harness -m +experiment=<name>` with its own launcher
 (the code path a full run takes) and these overrides: one training step, two examples per
 batch and per evaluation, on the CPU, one thread a job. Every size that shapes the work (width,
@@ -27,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from analysis.pipeline import compose_experiment, render, report, sweep_command, sweep_params
+from analysis.pipeline import (compose_experiment, job_count, profile_experiments, render, report,  # noqa: F401
+                               sweep_command, sweep_params)
 from harness.outputs.results import write_text
 
 SMOKE_BATCH = 2
@@ -39,12 +41,8 @@ COST_FILE = "cost_estimate.json"
 
 
 def experiments(profile: str) -> list[str]:
-    """The experiment names of a profile, from its files: `paper/<name>` or `<name>`."""
-    from harness.config.compose import CONF_DIR
-
-    root = CONF_DIR / "experiment"
-    folder = root if profile == "quick" else root / profile
-    return sorted(p.stem for p in folder.glob("*.yaml"))
+    """The experiment names of a profile, from its files: `<profile>/<name>` or `<name>`."""
+    return profile_experiments(profile)
 
 
 def grid_overrides(params: dict[str, list[str]], grid: str) -> list[str]:
@@ -53,11 +51,6 @@ def grid_overrides(params: dict[str, list[str]], grid: str) -> list[str]:
     if grid == "all":
         return []
     return [f"{k}={v[-1]}" for k, v in params.items() if k != "model"]
-
-
-def job_count(params: dict[str, list[str]], grid: str) -> int:
-    counts = [len(v) for k, v in params.items() if grid == "all" or k == "model"]
-    return math.prod(counts) if counts else 1
 
 
 def run(profile: str, root: Path, out_dir: Path, specs, *, smoke_grid: str = "all", only=None,

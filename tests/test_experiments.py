@@ -22,7 +22,8 @@ from harness.layers.registry import builtin_names
 
 EXPERIMENTS = CONF_DIR / "experiment"
 MODELS = CONF_DIR / "model"
-PROFILES = {"quick": EXPERIMENTS, "paper": EXPERIMENTS / "paper"}
+PROFILES = {"quick": EXPERIMENTS, "paper": EXPERIMENTS / "paper", "findings": EXPERIMENTS / "findings"}
+FULL_PROFILES = ("quick", "paper")  # each holds every experiment
 
 
 def _files(profile: str) -> list[Path]:
@@ -54,6 +55,7 @@ CASES = [(profile, path) for profile in PROFILES for path in _files(profile)]
 
 def test_every_experiment_is_checked():
     assert {p.stem for p in _files("quick")} == {p.stem for p in _files("paper")}
+    assert _files("findings")  # the designs the quick hour cannot hold: only the figures that need them
     assert len(CASES) >= 20
 
 
@@ -105,7 +107,7 @@ def test_an_exclusion_names_a_builtin_and_gives_its_reason():
 
 
 def test_cost_excludes_the_window_with_its_reason():
-    for profile in PROFILES:
+    for profile in FULL_PROFILES:
         name = _name(profile, "cost")
         assert "swa" not in experiment_grid(name)["model"]
         assert "{swa: 'mode=cost times the cores of harness.ops" in _model_line(name)
@@ -113,7 +115,7 @@ def test_cost_excludes_the_window_with_its_reason():
 
 
 @pytest.mark.parametrize("name", ["reassignment", "forgetting", "frontier"])
-@pytest.mark.parametrize("profile", list(PROFILES))
+@pytest.mark.parametrize("profile", FULL_PROFILES)
 def test_the_delta_rule_control_runs_where_it_is_asked(profile, name):
     choices = experiment_grid(_name(profile, name))["model"]
     assert "deltanet_additive" in choices and _load(MODELS / "deltanet_additive.yaml")["rule"] == "additive"

@@ -184,7 +184,7 @@ def test_no_sweep_file_is_kept_in_the_package():
     assert package not in (Path.cwd() / wandb_sweeps.OUT_DIR).resolve().parents
 
 
-@pytest.mark.parametrize("profile", ["quick", "paper"])
+@pytest.mark.parametrize("profile", ["quick", "paper", "findings"])
 def test_trained_experiments_stop_on_a_plateau_never_at_a_threshold(profile):
     """A run stopped at trainer.target_accuracy reports the threshold; every trained experiment
     stops on its validation plateau (trainer.patience) or at max_steps instead."""
@@ -198,4 +198,4 @@ def test_trained_experiments_stop_on_a_plateau_never_at_a_threshold(profile):
         trained += 1
         assert cfg.trainer.target_accuracy is None, f"{profile}/{name}: trainer.target_accuracy set"
         assert cfg.trainer.patience is not None, f"{profile}/{name}: no plateau rule"
-    assert trained >= 8
+    assert trained >= (2 if profile == "findings" else 8)

@@ -180,6 +180,29 @@ def mark_lower_bounds(points: pd.DataFrame, rows: pd.DataFrame, by: list[str]) -
     return points.assign(runs_at_max_steps=counts, lower_bound=counts > 0)
 
 
+def with_stops(points: pd.DataFrame, rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """``points`` (stats.summarize of ``rows`` by ``by``) with runs_at_max_steps and lower_bound
+    (mark_lower_bounds), the stop of each run read from ``rows``' summary.stop_reason."""
+    return mark_lower_bounds(points, rows if "lower_bound" in rows.columns else with_stop_flags(rows), by)
+
+
+def ranking_stops(ranking: pd.DataFrame, points: pd.DataFrame, within: list[str] | None = None,
+                  label: str = "label") -> pd.DataFrame:
+    """A stats.ranking table with, per pair, the runs of its two points that ended at max_steps
+    (runs_at_max_steps, a's and b's together) and lower_bound (either point is a lower bound:
+    the pair's order may yet change)."""
+    if ranking.empty or "runs_at_max_steps" not in points.columns:
+        return ranking
+    keys = list(within or [])
+    flags = points[keys + [label, "runs_at_max_steps"]].drop_duplicates(keys + [label])
+    out = ranking
+    for side in ("a", "b"):
+        out = out.merge(flags.rename(columns={label: side, "runs_at_max_steps": f"_{side}"}), on=keys + [side],
+                        how="left")
+    counts = out["_a"].fillna(0).astype(int) + out["_b"].fillna(0).astype(int)
+    return out.drop(columns=["_a", "_b"]).assign(runs_at_max_steps=counts, lower_bound=counts > 0)
+
+
 def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "accuracy",
                          val: str = "val_accuracy", count: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per point, the rows (every seed) of the learning rate with the best mean validation score.
@@ -222,6 +245,8 @@ def select_on_validation(rows: pd.DataFrame, point: list[str], *, test: str = "a
     # the test score is an accuracy: its interval is cut to what one can be
     seeds = stats.summarize(rows, keys, test, count=count, bounds=(0.0, 1.0))
     table = table.merge(seeds, on=keys, how="left")
+    if STOP in rows.columns:  # each rate's runs that ended at max_steps
+        table = with_stops(table, rows, keys)
     picked = rows.merge(best, on=keys, how="inner")
     return picked.reset_index(drop=True), table
 
@@ -432,10 +457,25 @@ def caption(fig: Figure, title: str, *summaries: pd.DataFrame, extra: str = "", 
     parts = [s for s in summaries if s is not None and len(s)]
     line = stats.caption(pd.concat(parts, ignore_index=True) if parts else None)
     text = f"{line}. {extra[:1].upper()}{extra[1:]}" if extra else line
+    _set_caption(fig, title, text, legend)
+    return text
+
+
+def _set_caption(fig: Figure, title: str, text: str, legend: float) -> None:
     width = max(50, int(12 * (fig.get_figwidth() - legend)))  # characters of 'small' text per line
     fig.suptitle("\n".join([*textwrap.wrap(title, width), *textwrap.wrap(text, width)]), x=0.01, ha="left",
                  fontsize="small")
-    fig.caption = text
+    fig.caption, fig.caption_parts = text, (title, legend)
+
+
+def extend_caption(fig: Figure, sentence: str) -> str:
+    """Add ``sentence`` to a figure's caption (one set by :func:`caption`), wrapped as the rest:
+    what the drawing pipeline knows and the figure function does not (analysis.pipeline: the
+    learning-rate window of each mixer of a ranked figure)."""
+    title, legend = getattr(fig, "caption_parts", (fig.get_suptitle().split("\n")[0], 2.6))
+    text = getattr(fig, "caption", "")
+    text = f"{text.rstrip('.')}. {sentence}" if text else sentence
+    _set_caption(fig, title, text, legend)
     return text
 
 

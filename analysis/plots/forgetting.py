@@ -9,9 +9,15 @@ accuracy against the age of the key's last write at the query (tokens, power-of-
 Each seed a dot, the mean a bar or line, an interval only from five seeds (analysis.stats).
 
 Re-assignment (`reassignment`, +experiment=reassignment): the delta rule where Schlag et al.
-(2021) measured its gain, keys written again with a new value beyond N = d: each delta-rule
-mixer beside its additive control (model.rule=additive), on overwritten and untouched keys,
-with the paired difference (delta - additive, by seed) and its interval (reassignment_rule.csv).
+(2021) measured its gain, keys written again with a new value, as a 2x2: each delta-rule mixer
+and its additive control (model.rule=additive) on overwritten and untouched keys of the same
+runs. reassignment.csv, one row per mixer and quantity: each cell's accuracy, the rule's gain
+(delta - additive, paired by seed) on each kind of key, their interaction (the gain on
+overwritten keys minus the gain on untouched ones: replacing a stale value, apart from
+cancelling crosstalk in general), and the share of each rule's wrong answers on overwritten
+keys that are the key's earlier value (the task records it: harness.tasks.forgetting), each
+with its interval; the rates each rule ran at and how they were set; the runs that ended at
+max_steps. reassignment_points.csv: each cell's seeds.
 """
 from __future__ import annotations
 
@@ -23,9 +29,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from analysis import stats
+from analysis.lr_edge import in_rate_folder
 from analysis.plots import FigureSpec
-from analysis.plots.common import (MissingData, caption, draw_bars, draw_estimates, figure, label_order, label_styles,
-                                   labelled, log2_axis, mixer_handles, new_figure, note, require, table)
+from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_estimates, figure, label_order,
+                                   label_styles, labelled, log2_axis, mixer_handles, new_figure, note, require,
+                                   select_on_validation, table, with_stop_flags, with_stops)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -33,7 +41,7 @@ FIGURES = (
                tables=("forgetting", "forgetting_by_age", "forgetting_gap")),
     # the delta rule against its additive control where Schlag et al. measured it (re-assignment)
     FigureSpec("reassignment", "reassignment", "reassignment_figure", notebook="nb_reassignment",
-               tables=("reassignment", "reassignment_rule")),
+               tables=("reassignment", "reassignment_points")),
 )
 
 KIND = {0: "untouched (written once)", 1: "overwritten (latest of two)"}
@@ -58,8 +66,10 @@ def _count(rows: pd.DataFrame) -> str | None:
 
 
 def forgetting_table(kinds: pd.DataFrame) -> pd.DataFrame:
-    """Per mixer and kind of key (untouched, overwritten): n, mean, interval and seeds."""
-    return stats.summarize(kinds, ["label", "key"], "accuracy", count=_count(kinds))
+    """Per mixer and kind of key (untouched, overwritten): n, mean, interval, seeds and the runs
+    that ended at max_steps."""
+    return with_stops(stats.summarize(kinds, ["label", "key"], "accuracy", count=_count(kinds)), kinds,
+                      ["label", "key"])
 
 
 def overwrite_gap(data: pd.DataFrame) -> pd.DataFrame:
@@ -112,7 +122,8 @@ def forgetting_figure(data) -> Figure:
     if ages.empty:
         note(right, "no slices by age")
     else:
-        by_age = stats.summarize(ages, ["label", "value"], "accuracy", count=_count(ages))
+        by_age = with_stops(stats.summarize(ages, ["label", "value"], "accuracy", count=_count(ages)), ages,
+                            ["label", "value"])
         draw_estimates(right, by_age, "value", colors, markers, log_x=True)
         log2_axis(right, ages["value"])
     right.set(ylim=(0, 1.05), xlabel="age of the key's last write (tokens, power-of-two bins)",
@@ -128,72 +139,150 @@ def forgetting_figure(data) -> Figure:
 
 
 RULE = "config.model.rule"
+OVERWRITTEN, UNTOUCHED = KIND[1], KIND[0]
 
 
-def rule_table(kinds: pd.DataFrame) -> pd.DataFrame:
-    """Per delta-rule mixer (model) and kind of key (untouched, overwritten, all): the delta
-    rule's mean and its additive control's (model.rule), their difference paired by seed with
-    its interval (stats.estimate over the seeds' differences: named in interval_method), the
-    paired t-test, and whether the two rules' own intervals separate."""
-    if RULE not in kinds.columns:
-        return pd.DataFrame()
-    kinds = kinds.assign(rule=kinds[RULE].fillna("delta"))
-    every = kinds.assign(key="all keys")
+def reassignment_runs(data: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """(the slices by overwritten of the runs each mixer is reported at, those runs, how their
+    rates were set): a mixer swept at several rates takes the one with the best mean validation
+    accuracy (select_on_validation); runs in a per-rate folder ran at the rate the pilot chose."""
+    kinds, _ = forgetting_points(data)
+    kinds = with_stop_flags(kinds.assign(rule=kinds[RULE].fillna("delta") if RULE in kinds.columns else "delta"))
+    runs = kinds.drop_duplicates("run_dir") if "run_dir" in kinds.columns else kinds
+    if "summary.accuracy" in runs.columns and runs.groupby("label")[LR].nunique().max() > 1:
+        chosen, _ = select_on_validation(runs, ["label"], test="summary.accuracy", val="summary.val_accuracy")
+        kinds, runs = kinds[kinds["run_dir"].isin(set(chosen["run_dir"]))], chosen
+        how = "chosen per mixer on the validation split"
+    elif "run_dir" in runs.columns and runs["run_dir"].map(in_rate_folder).any():
+        how = "chosen per mixer by the rate pilot (reassignment_rates)"
+    elif LR in runs.columns and runs[LR].nunique() > 1:
+        how = "set per mixer before the sweep, not chosen"
+    else:
+        how = "set, not chosen: one rate for every mixer"
+    return kinds.reset_index(drop=True), runs.reset_index(drop=True), how
+
+
+def _per_seed(kinds: pd.DataFrame, rule: str, key: str) -> pd.Series:
+    """A rule's accuracy on one kind of key, per seed."""
+    rows = kinds[(kinds["rule"] == rule) & (kinds["key"] == key)]
+    return stats.per_seed(rows, ["rule"], "accuracy", count=_count(rows)).set_index(stats.SEED)["accuracy"]
+
+
+def stale_share(kinds: pd.DataFrame, rule: str) -> pd.Series:
+    """Per seed: of a rule's wrong answers on overwritten keys, the share that are the key's
+    earlier value (each slice row's ``stale``: the queries answered with it); NaN for a seed
+    with no wrong answer, or results that do not record it."""
+    rows = kinds[(kinds["rule"] == rule) & (kinds["key"] == OVERWRITTEN)]
+    if "stale" not in rows.columns or rows["stale"].isna().all():
+        return pd.Series(dtype=float)
+    errors = (rows["count"] * (1 - rows["accuracy"])).round()
+    per = rows.assign(errors=errors).groupby(stats.SEED)[["stale", "errors"]].sum()
+    return (per["stale"] / per["errors"].where(per["errors"] > 0)).rename("stale_share")
+
+
+def _quantity(name: str, per_seed: pd.Series, **extra) -> dict:
+    """One row of the 2x2 table: a quantity over seeds, its mean, interval (stats.estimate) and seeds."""
+    per_seed = per_seed.dropna()
+    est = stats.estimate(per_seed.to_numpy())
+    return {"quantity": name, "n": est.n, "mean": est.mean, "low": est.low, "high": est.high,
+            "interval_method": est.method, **extra, **{stats.seed_column(k): v for k, v in per_seed.items()}}
+
+
+def two_by_two(kinds: pd.DataFrame, runs: pd.DataFrame, how: str) -> pd.DataFrame:
+    """Per delta-rule mixer (model) against its additive control: each cell's accuracy (rule x kind
+    of key), the rule's gain on overwritten and on untouched keys, the interaction (gain on
+    overwritten - gain on untouched: what replacing a stale value adds beyond cancelling
+    crosstalk in general), each paired by seed with its interval, and the share of each rule's
+    errors on overwritten keys that are the stale value. Each row carries the two rules' rates,
+    how they were set, and the runs behind it that ended at max_steps."""
     rows = []
-    for (model, key), grp in pd.concat([kinds, every], ignore_index=True).groupby(["model", "key"]):
-        per_seed = stats.per_seed(grp, ["rule"], "accuracy", count=_count(grp))
-        by_rule = {r: g.set_index(stats.SEED)["accuracy"] for r, g in per_seed.groupby("rule")}
-        if not {"delta", "additive"} <= set(by_rule):
+    for model, grp in kinds.groupby("model"):
+        if not {"delta", "additive"} <= set(grp["rule"]):
             continue
-        delta, additive = by_rule["delta"], by_rule["additive"]
-        diff = (delta - additive).dropna()
-        est = stats.estimate(diff.to_numpy())
-        own = stats.summarize(grp, ["rule"], "accuracy", count=_count(grp)).set_index("rule")
-        test = stats.paired_test(additive, delta)
-        rows.append({"model": model, "key": key, "delta": delta.mean(), "additive": additive.mean(),
-                     "delta_low": own.loc["delta", "low"], "delta_high": own.loc["delta", "high"],
-                     "additive_low": own.loc["additive", "low"], "additive_high": own.loc["additive", "high"],
-                     "n": est.n, "mean": est.mean, "low": est.low, "high": est.high,
-                     "interval_method": est.method + " (of the paired difference delta - additive)",
-                     "separated": stats.separated(own.loc["delta"], own.loc["additive"]),
-                     "p_value": test["p_value"], "test": test["test"],
-                     **{stats.seed_column(k): v for k, v in diff.items()}})
-    return pd.DataFrame(rows)
+        cell = {(rule, key): _per_seed(grp, rule, key) for rule in ("delta", "additive")
+                for key in (OVERWRITTEN, UNTOUCHED)}
+        gain = {key: cell[("delta", key)] - cell[("additive", key)] for key in (OVERWRITTEN, UNTOUCHED)}
+        own = runs[runs["model"] == model]
+        rates = own.groupby(own[RULE].fillna("delta") if RULE in own.columns else "delta")[LR].agg(
+            lambda v: ",".join(f"{x:g}" for x in sorted(set(v))))
+        bound = own["lower_bound"].astype(bool) if "lower_bound" in own.columns else pd.Series(False, index=own.index)
+        extra = {"model": model, "lr_delta": rates.get("delta"), "lr_additive": rates.get("additive"),
+                 "rates": how, "runs_at_max_steps": int(bound.sum()), "lower_bound": bool(bound.any())}
+        quantities = [(f"{rule}, {key}", cell[(rule, key)]) for (rule, key) in cell]
+        quantities += [(f"gain (delta - additive), {key}", gain[key]) for key in (OVERWRITTEN, UNTOUCHED)]
+        quantities += [("interaction (gain on overwritten - gain on untouched)",
+                        (gain[OVERWRITTEN] - gain[UNTOUCHED]))]
+        quantities += [(f"stale share of the {rule} rule's errors on overwritten keys", stale_share(grp, rule))
+                       for rule in ("additive", "delta")]
+        rows += [_quantity(name, values, **extra) for name, values in quantities]
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    seeds = sorted((c for c in table.columns if c.startswith("seed_")), key=stats.seed_order)
+    return table[[c for c in table.columns if not c.startswith("seed_")] + seeds]
 
 
 @figure("reassignment")
 def reassignment_figure(data) -> Figure:
-    """The delta rule against its additive control on re-assigned keys beyond N = d: accuracy on
-    overwritten and untouched keys per mixer (each seed, mean, interval), and the paired
-    difference delta - additive per mixer."""
-    kinds, _ = forgetting_points(data)
-    fig, (left, right), order, (colors, markers), per_kind = _kind_bars(kinds)
+    """Re-assignment as a 2x2 (the delta rule and its additive control, overwritten and untouched
+    keys in the same runs): accuracy per cell, the rule's gains and their interaction, and the
+    share of the wrong answers on overwritten keys that are the stale value."""
+    kinds, runs, how = reassignment_runs(data)
+    fig, axes = new_figure(1, 3, panel=(4.6, 3.4), legend=1.8)
+    left, mid, right = axes
+    order, styles = label_order(kinds), label_styles(kinds)
+    per_kind = forgetting_table(kinds)
+    for offset, kind in ((-0.2, UNTOUCHED), (0.2, OVERWRITTEN)):
+        draw_bars(left, per_kind[per_kind["key"] == kind], order, styles[0], offset=offset, width=0.4,
+                  color_of=lambda _lab, kind=kind: SHADE[kind], label=kind)
     # a mixer's name above its rule: side by side they run into the next mixer's at any slant
-    left.set_xticks(range(len(order)), [lab.replace(" ", "\n") for lab in order], rotation=0,
-                  fontsize="small")
+    left.set_xticks(range(len(order)), [lab.replace(" ", "\n") for lab in order], rotation=0, fontsize="x-small")
+    left.axhline(0.5, color="0.5", lw=0.8, ls=":")  # guessing between a key's two values
     left.set(ylim=(0, 1.05), xlabel="mixer", ylabel="recall accuracy (fraction of queries)",
-             title="re-assigned keys beyond N = d")
-    rules = rule_table(kinds)
-    if rules.empty:
-        note(right, f"no delta-rule mixer with its additive control ({RULE})")
+             title="each cell of the 2x2")
+    table = two_by_two(kinds, runs, how)
+    if table.empty:
+        note(mid, f"no delta-rule mixer with its additive control ({RULE})")
+        note(right, "no 2x2")
     else:
-        shown = rules[rules["key"] == KIND[1]].reset_index(drop=True)
-        for i, row in shown.iterrows():
-            right.scatter([i], [row["mean"]], color="0.2", zorder=3)
-            seeds = stats.seed_values(row)
-            # the seeds beside the mean, spread apart, so that neither the mean nor a like seed hides one
-            right.scatter(i + np.linspace(0.1, 0.25, len(seeds)), seeds, s=9, color="0.5", linewidths=0)
-            if math.isfinite(row["low"]):
-                right.errorbar([i], [row["mean"]], yerr=[[row["mean"] - row["low"]], [row["high"] - row["mean"]]],
-                               fmt="none", ecolor="0.1", capsize=3)
-        right.axhline(0.0, color="0.5", lw=0.8, ls=":")
-        right.set_xticks(range(len(shown)), shown["model"])
-    right.set(xlabel="mixer", ylabel="delta - additive on overwritten keys (accuracy)",
-              title="the rule's own effect (paired by seed)")
-    # the bars are shaded by kind of key, not coloured by mixer (each bar names its mixer below it)
+        contrasts = ["gain (delta - additive), " + UNTOUCHED, "gain (delta - additive), " + OVERWRITTEN,
+                     "interaction (gain on overwritten - gain on untouched)"]
+        _draw_quantities(mid, table, contrasts, ["gain, untouched", "gain, overwritten", "interaction"])
+        mid.axhline(0.0, color="0.5", lw=0.8, ls=":")
+        mid.set(xlabel="mixer", ylabel="difference in accuracy (paired by seed)",
+                title="the rule's gains and their interaction")
+        shares = [f"stale share of the {rule} rule's errors on overwritten keys" for rule in ("additive", "delta")]
+        _draw_quantities(right, table, shares, ["additive control", "delta rule"])
+        right.set(ylim=(0, 1.05), xlabel="mixer", ylabel="stale value's share of the errors (fraction)",
+                  title="wrong answers that are the old value")
     fig.legend(*_kind_handles(per_kind), loc="outside right upper", fontsize="small", frameon=False)
-    caption(fig, "Re-assignment: the delta rule against its additive control", per_kind, legend=1.8,
-            extra="right: the difference of each seed's accuracies, its mean and interval "
-                  "(reassignment_rule.csv names the method)")
-    fig.tables = {"reassignment": per_kind, "reassignment_rule": rules}
+    caption(fig, "Re-assignment as a 2x2: the delta rule and its additive control on overwritten and "
+                 "untouched keys", per_kind, table, legend=1.8,
+            extra=f"rates {how} (reassignment.csv: lr_delta, lr_additive); dotted at 0.5: guessing between a "
+                  "key's two values; middle and right: each seed a dot, the mean and interval per mixer")
+    fig.tables = {"reassignment": table, "reassignment_points": per_kind}
     return fig
+
+
+def _draw_quantities(ax, table: pd.DataFrame, quantities: list[str], names: list[str]) -> None:
+    """Per mixer, the given quantities of the 2x2 table side by side: each seed a dot, the mean a
+    marker, the interval where there is one."""
+    models = list(dict.fromkeys(table["model"]))
+    width = 0.8 / len(quantities)
+    for j, (quantity, name) in enumerate(zip(quantities, names)):
+        for i, model in enumerate(models):
+            row = table[(table["model"] == model) & (table["quantity"] == quantity)]
+            if row.empty or not np.isfinite(row["mean"].iloc[0]):
+                continue
+            row = row.iloc[0]
+            x = i - 0.4 + width * (j + 0.5)
+            color = f"C{j}"
+            seeds = stats.seed_values(row)
+            ax.scatter(x + np.linspace(-width / 4, width / 4, len(seeds)), seeds, s=9, color=color, alpha=0.5,
+                       linewidths=0)
+            ax.scatter([x], [row["mean"]], color=color, zorder=3, label=name if i == 0 else None)
+            if math.isfinite(row["low"]):
+                ax.errorbar([x], [row["mean"]], yerr=[[row["mean"] - row["low"]], [row["high"] - row["mean"]]],
+                            fmt="none", ecolor="0.1", capsize=3)
+    ax.set_xticks(range(len(models)), models)
+    ax.legend(fontsize="x-small", loc="best")

@@ -23,8 +23,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from analysis import stats
 from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, caption, draw_estimates, figure, label_styles, labelled, legend_outside,
-                                   mixer_handles, new_figure, note, require, select_on_validation, setting_values,
-                                   table)
+                                   mixer_handles, new_figure, note, ranking_stops, require, select_on_validation,
+                                   setting_values, table, with_stops)
 from analysis.plots.labels import natural_key
 from harness.devices import format_bytes
 
@@ -82,7 +82,8 @@ def largest_setting(data: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 def frontier_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per mixer and setting: state elements and bytes per layer, parameters, and the mean test
     accuracy's n, mean, interval and seeds."""
-    summary = stats.summarize(runs, ["label", "setting", STATE], "summary.accuracy")
+    by = ["label", "setting", STATE]
+    summary = with_stops(stats.summarize(runs, by, "summary.accuracy"), runs, by)
     sizes = runs.groupby(["label", "setting"], as_index=False).agg(
         state_bytes_per_layer=("state_bytes_per_layer", "median"),
         params=("summary.params", "median") if "summary.params" in runs.columns else (STATE, lambda v: np.nan))
@@ -144,11 +145,13 @@ def frontier_figure(data) -> Figure:
         top_ax.set(xlabel="state per layer (elements)", ylabel="MQAR recall accuracy (fraction)")
     else:
         count = "count" if "count" in largest.columns and largest["count"].notna().all() else None
-        top_summary = stats.summarize(largest, ["label", "setting", STATE], "accuracy", count=count)
+        by = ["label", "setting", STATE]
+        top_summary = with_stops(stats.summarize(largest, by, "accuracy", count=count), largest, by)
         _draw(top_ax, top_summary, colors, markers, f"at the largest test setting, {largest['name'].iat[0]}")
     legend_outside(fig, None, mixer_handles(colors, markers), list(colors))
     caption(fig, "Recall against state size", summary, top_summary, legend=1.8,
             extra=_mixture(pts) or "each run's own training setting")
-    fig.tables = {"frontier": summary, "frontier_ranking": stats.ranking(summary, within=["setting"]),
+    fig.tables = {"frontier": summary,
+                  "frontier_ranking": ranking_stops(stats.ranking(summary, within=["setting"]), summary, ["setting"]),
                   "frontier_largest": top_summary.assign(test_setting=largest["name"].iat[0]) if len(top_summary) else top_summary}
     return fig

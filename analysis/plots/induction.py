@@ -16,7 +16,7 @@ from analysis import stats
 from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_estimates, figure, label_order,
                                    label_styles, labelled, legend_outside, log2_axis, lr_heatmap, mixer_handles,
-                                   new_figure, note, select_on_validation, table)
+                                   new_figure, note, ranking_stops, select_on_validation, table, with_stops)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -65,7 +65,7 @@ def induction_figure(data) -> Figure:
         note(left, "no run summaries (summary.accuracy)")
     else:
         runs, per_lr = induction_selected(runs)
-        per_mixer = stats.summarize(runs, ["label"], "summary.accuracy")
+        per_mixer = with_stops(stats.summarize(runs, ["label"], "summary.accuracy"), runs, ["label"])
         draw_bars(left, per_mixer, order, colors)
         left.axhline(0.9, color="0.5", lw=0.8, ls=":")
         left.tick_params(axis="x", labelrotation=90)
@@ -78,7 +78,8 @@ def induction_figure(data) -> Figure:
         if not runs.empty and "run_dir" in slices.columns and "run_dir" in runs.columns:
             slices = slices[slices["run_dir"].isin(set(runs["run_dir"]))]
         count = "count" if "count" in slices.columns and slices["count"].notna().all() else None
-        by_distance = stats.summarize(slices, ["label", "value"], "accuracy", count=count)
+        by_distance = with_stops(stats.summarize(slices, ["label", "value"], "accuracy", count=count), slices,
+                                 ["label", "value"])
         draw_estimates(right, by_distance, "value", colors, markers, log_x=True)
         log2_axis(right, slices["value"])
     right.set(ylim=(0, 1.05), xlabel="distance between the two A tokens (tokens)",
@@ -91,5 +92,6 @@ def induction_figure(data) -> Figure:
     caption(fig, "Induction heads: accuracy at the second A", per_mixer, by_distance, legend=1.4)
     fig.tables = {"induction_per_lr": per_lr, "induction": per_mixer,
                   "induction_by_distance": by_distance.rename(columns={"value": "distance"}),
-                  "induction_ranking": stats.ranking(per_mixer) if len(per_mixer) > 1 else pd.DataFrame()}
+                  "induction_ranking": ranking_stops(stats.ranking(per_mixer), per_mixer) if len(per_mixer) > 1
+                  else pd.DataFrame()}
     return fig

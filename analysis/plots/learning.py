@@ -96,7 +96,9 @@ def carried_forward(rows: pd.DataFrame) -> pd.DataFrame:
 def steps_to(rows: pd.DataFrame, runs: pd.DataFrame | None = None, threshold: float = THRESHOLD) -> pd.DataFrame:
     """Per panel and label: the first step each seed's validation accuracy reached ``threshold``
     (seed_<id>; "never" where it did not), n, the mean and interval over seeds where every seed
-    reached it (else "never (k of n)"), and the steps each seed trained (steps_trained_*)."""
+    reached it (else "never (k of n)"), the steps each seed trained (steps_trained_*), and the seeds
+    that ended at max_steps (runs_at_max_steps; lower_bound: a seed that never reached the
+    threshold may have been stopped before it would)."""
     out = []
     for (panel, label), grp in rows.groupby(["panel", "label"], sort=False):
         per_seed, trained, reasons = {}, {}, []
@@ -114,7 +116,8 @@ def steps_to(rows: pd.DataFrame, runs: pd.DataFrame | None = None, threshold: fl
                "interval_method": est.method if est else f"none (a seed never reached {threshold:g})",
                "low": est.low if est else math.nan, "high": est.high if est else math.nan,
                "steps_trained_mean": float(np.mean(list(trained.values()))),
-               "stop_reasons": ", ".join(f"{r} x{reasons.count(r)}" for r in dict.fromkeys(reasons) if r)}
+               "stop_reasons": ", ".join(f"{r} x{reasons.count(r)}" for r in dict.fromkeys(reasons) if r),
+               "runs_at_max_steps": reasons.count("max_steps"), "lower_bound": "max_steps" in reasons}
         row.update({stats.seed_column(s): v for s, v in per_seed.items()})
         row.update({f"steps_trained_{stats.seed_column(s)[5:]}": v for s, v in trained.items()})
         out.append(row)

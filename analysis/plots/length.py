@@ -20,7 +20,8 @@ from matplotlib.lines import Line2D
 from analysis import stats
 from analysis.plots import FigureSpec
 from analysis.plots.common import (caption, draw_estimates, family_groups, figure, label_styles, labelled,
-                                   legend_outside, log2_axis, mixer_handles, new_figure, note, require, table)
+                                   legend_outside, log2_axis, mixer_handles, new_figure, note, require, table,
+                                   with_stops)
 from analysis.plots.reference import length_accuracy_curve
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
@@ -47,7 +48,8 @@ def length_points(data: pd.DataFrame) -> pd.DataFrame:
 def length_table(points: pd.DataFrame) -> pd.DataFrame:
     """Per filler layout, mixer and evaluation length: n, mean, interval and seeds (analysis.stats)."""
     count = "count" if "count" in points.columns and points["count"].notna().all() else None
-    return stats.summarize(points, [FILLER, "label", "seq_len"], "accuracy", count=count)
+    by = [FILLER, "label", "seq_len"]
+    return with_stops(stats.summarize(points, by, "accuracy", count=count), points, by)
 
 
 def _value(run: pd.Series, name: str, default=math.nan):

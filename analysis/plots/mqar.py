@@ -21,7 +21,7 @@ from analysis import stats
 from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, WIDTH, caption, draw_estimates, figure, label_order, label_styles, labelled,
                                    legend_outside, log2_axis, lr_heatmap, mixer_handles, new_figure, require,
-                                   select_on_validation, table)
+                                   ranking_stops, select_on_validation, table, with_stops)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -68,7 +68,8 @@ def width_trend(picked: pd.DataFrame) -> pd.DataFrame:
     paired t-test across seeds against the next narrower width (`vs_width`, `diff` = wider -
     narrower, `p_value`). `loses_with_width` / `gains_with_width`: the difference is significant
     at ALPHA (a loss with width is a training pathology, not capacity)."""
-    summary = stats.summarize(picked, ["label", "seq_len", "pairs", WIDTH], "accuracy", count=_count(picked))
+    by = ["label", "seq_len", "pairs", WIDTH]
+    summary = with_stops(stats.summarize(picked, by, "accuracy", count=_count(picked)), picked, by)
     per_seed = stats.per_seed(picked, ["label", "seq_len", "pairs", WIDTH], "accuracy", count=_count(picked))
     rows = []
     for _, point in summary.iterrows():
@@ -104,7 +105,8 @@ def mqar_figure(data) -> Figure:
     summaries = []
     for ax, (seq_len, pairs) in zip(axes, panels):
         part = picked[(picked["seq_len"] == seq_len) & (picked["pairs"] == pairs)]
-        summary = stats.summarize(part, ["label", WIDTH], "accuracy", count=_count(part))
+        summary = with_stops(stats.summarize(part, ["label", WIDTH], "accuracy", count=_count(part)), part,
+                             ["label", WIDTH])
         summaries.append(summary)
         draw_estimates(ax, summary, WIDTH, colors, markers, log_x=True)
         log2_axis(ax, picked[WIDTH])
@@ -124,5 +126,6 @@ def mqar_figure(data) -> Figure:
     points_table = pd.concat([t.assign(seq_len=sl, pairs=pr) for t, (sl, pr) in zip(summaries, panels)],
                              ignore_index=True)
     fig.tables = {"mqar_per_lr": per_lr, "mqar_width_trend": trend,
-                  "mqar_ranking": stats.ranking(points_table, within=["seq_len", "pairs", WIDTH])}
+                  "mqar_ranking": ranking_stops(stats.ranking(points_table, within=["seq_len", "pairs", WIDTH]),
+                                                points_table, ["seq_len", "pairs", WIDTH])}
     return fig

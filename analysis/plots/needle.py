@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from analysis import stats
 from analysis.plots import FigureSpec
 from analysis.plots.common import (caption, draw_estimates, figure, label_order, label_styles, labelled, log2_axis,
-                                   mixer_handles, new_figure, require, table)
+                                   mixer_handles, new_figure, require, table, with_stops)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -52,7 +52,8 @@ def needle_figure(data) -> Figure:
     """One heatmap per mixer: depth (rows, 0 at the top) x length (columns), colour = mean
     accuracy; then each seed's accuracy against length, pooled over depths."""
     rows = needle_rows(data)
-    pts = stats.summarize(rows, ["label", "depth", "seq_len"], "accuracy", count=_count(rows))
+    pts = with_stops(stats.summarize(rows, ["label", "depth", "seq_len"], "accuracy", count=_count(rows)), rows,
+                     ["label", "depth", "seq_len"])
     order = label_order(rows)
     colors, markers = label_styles(rows)
     ncols = min(4, len(order) + 1)
@@ -69,7 +70,8 @@ def needle_figure(data) -> Figure:
         ax.set_xticklabels([f"{float(t.get_text()):g}" for t in ax.get_xticklabels()], rotation=0)
         ax.set_yticklabels([f"{float(t.get_text()):g}" for t in ax.get_yticklabels()], rotation=0)
     seeds_ax = axes[len(order)]
-    pooled = stats.summarize(rows, ["label", "seq_len"], "accuracy", count=_count(rows))
+    pooled = with_stops(stats.summarize(rows, ["label", "seq_len"], "accuracy", count=_count(rows)), rows,
+                        ["label", "seq_len"])
     draw_estimates(seeds_ax, pooled, "seq_len", colors, markers, log_x=True)
     log2_axis(seeds_ax, rows["seq_len"])
     seeds_ax.set(ylim=(-0.02, 1.05), xlabel="length T (tokens)", ylabel="accuracy, all depths (fraction)",

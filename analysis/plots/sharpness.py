@@ -22,7 +22,8 @@ from analysis import stats
 from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_estimates, figure, label_order,
                                    label_styles, labelled, legend_outside, log2_axis, lr_heatmap, mixer_handles,
-                                   new_figure, retrieval_heads, select_on_validation, table)
+                                   new_figure, ranking_stops, retrieval_heads, select_on_validation, table,
+                                   with_stops)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -98,7 +99,7 @@ def sharpness_figure(data) -> Figure:
     summaries = []
     constructed = monotone_by_construction(focus)
     for ax, (column, label) in zip(axes, metrics):
-        summary = stats.summarize(focus, ["label"], column, bounds=BOUNDS.get(column))
+        summary = with_stops(stats.summarize(focus, ["label"], column, bounds=BOUNDS.get(column)), focus, ["label"])
         summaries.append(summary.assign(metric=column))
         draw_bars(ax, summary, order, colors)
         if column == "monotonicity":  # a 1 by the map's definition: hatched, told apart at a glance
@@ -120,8 +121,9 @@ def sharpness_figure(data) -> Figure:
                                    & per_metric["label"].isin(constructed))
     ranked = [s[~s["label"].isin(per_metric.loc[per_metric["by_construction"] & (per_metric["metric"] == m), "label"])]
               for s in summaries for m in [s["metric"].iat[0]] if len(s)]
-    ranking = pd.concat([stats.ranking(s).assign(metric=s["metric"].iat[0]) for s in ranked if len(s) > 1],
-                        ignore_index=True) if any(len(s) > 1 for s in ranked) else pd.DataFrame()
+    ranking = pd.concat([ranking_stops(stats.ranking(s), s).assign(metric=s["metric"].iat[0])
+                         for s in ranked if len(s) > 1], ignore_index=True) if any(len(s) > 1 for s in ranked) \
+        else pd.DataFrame()
     metric_first = ["metric"] + [c for c in per_metric.columns if c != "metric"]
     fig.tables = {"sharpness_per_lr": per_lr, "sharpness": per_metric[metric_first], "sharpness_ranking": ranking}
 

@@ -147,7 +147,7 @@ class DamagedResults(DamagedFile):
 
 def read_bounded(path: Path, limit: int = MAX_RESULTS_BYTES) -> bytes:
     """The bytes of ``path`` when it is a regular file (a link is followed) of at most ``limit``
-    bytes; DamagedResults otherwise: a device (/dev/zero never ends), a FIFO (a read would wait
+    bytes, inflated when its name ends in .gz; DamagedResults otherwise: a device (/dev/zero never ends), a FIFO (a read would wait
     for a writer), a directory, a file too large. FileNotFoundError when there is nothing."""
     import stat
 
@@ -158,9 +158,25 @@ def read_bounded(path: Path, limit: int = MAX_RESULTS_BYTES) -> bytes:
         raise DamagedResults(path, f"it is {kind}, not a regular file")
     with open(path, "rb") as f:
         data = f.read(limit + 1)  # the size read is bounded even if the file grows meanwhile
+    if len(data) <= limit and path.name.endswith(".gz"):
+        data = _gunzip_bounded(path, data, limit)
     if len(data) > limit:
         raise DamagedResults(path, f"it holds more than {limit:,} bytes, more than any results.json")
     return data
+
+
+def _gunzip_bounded(path: Path, data: bytes, limit: int) -> bytes:
+    """The content of a gzip'd file (committed results: analysis.archive), at most ``limit`` + 1
+    bytes of it: a small file that inflates past any results.json is not one."""
+    import gzip
+    import io
+    import zlib
+
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as inflated:
+            return inflated.read(limit + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DamagedResults(path, f"it is not a whole gzip file ({exc})") from None
 
 
 def parse_results_file(path: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, NoReturn, TypeVar
+from typing import NamedTuple, NoReturn, Optional, TypeVar
 
 import torch
 
@@ -36,6 +36,10 @@ class Batch(NamedTuple):
     other_slices: further variables the accuracy is sliced by, ((name, (B, T) long), ...), laid
                   out as slice_value (forgetting: the age of a key's last write beside whether
                   it was overwritten); empty for most tasks.
+    stale:        where a wrong answer has a name: at a labelled position, the token a model
+                  that kept an old association would give (forgetting: the earlier value of a
+                  key written twice), IGNORE where there is none; None for a task without one.
+                  Evaluation counts the predictions equal to it (a slice row's `stale`).
     """
 
     inputs: torch.Tensor
@@ -44,6 +48,7 @@ class Batch(NamedTuple):
     target_pos: torch.Tensor
     slice_name: str
     other_slices: tuple = ()
+    stale: Optional[torch.Tensor] = None
 
     @property
     def label_mask(self) -> torch.Tensor:
@@ -56,7 +61,8 @@ class Batch(NamedTuple):
     def to(self, device: torch.device | str) -> "Batch":
         return Batch(self.inputs.to(device), self.targets.to(device), self.slice_value.to(device),
                      self.target_pos.to(device), self.slice_name,
-                     tuple((name, value.to(device)) for name, value in self.other_slices))
+                     tuple((name, value.to(device)) for name, value in self.other_slices),
+                     None if self.stale is None else self.stale.to(device))
 
 
 def batch_field(batch, name: str):

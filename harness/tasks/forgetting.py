@@ -21,6 +21,11 @@ the value of the key's *last* write before the query.
     overwritten  .   .   .   .   .   . | 0   .   1   .
     age          .   .   .   .   .   . | 2   .   2   .     (6 - 3 = 3 and 8 - 5 = 3, in bin 2)
 
+Stale values: a query of a key written twice carries the key's earlier value in the batch's
+`stale` (IGNORE for a key written once), so evaluation counts the wrong answers that are that
+value (each slice row's `stale`): the share of an additive state's errors that are the old
+association, not crosstalk from the other keys.
+
 Slices: "overwritten" (1 if the queried key was written twice, else 0) is the primary slice;
 "age" is the age of the key's last write at the query, query position - target_pos, binned
 to powers of two (the bin's lower edge: 1, 2, 4, 8, ...). The write order is random, so
@@ -40,7 +45,7 @@ from typing import Optional
 
 import torch
 
-from harness.tasks.base import (PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
+from harness.tasks.base import (IGNORE, PAD, Batch, as_config, balanced_choice, check_call, check_float, check_int,
                                 empty_labels, eval_grid, longest, make_generator, permutation,
                                 power_law_offsets, require, sample_distinct, validate_settings)
 
@@ -115,6 +120,14 @@ def latest_write(write_keys: torch.Tensor, asked: torch.Tensor) -> torch.Tensor:
     return torch.where(match, order, torch.full_like(order, -1)).amax(dim=-1)     # (B, Q)
 
 
+def earliest_write(write_keys: torch.Tensor, asked: torch.Tensor) -> torch.Tensor:
+    """(B, Q): the index of the first write of each asked key (its latest_write where it was
+    written once)."""
+    order = torch.arange(write_keys.shape[1], device=write_keys.device)          # (W,)
+    match = write_keys.unsqueeze(1) == asked.unsqueeze(-1)                        # (B, Q, W)
+    return torch.where(match, order, torch.full_like(order, write_keys.shape[1])).amin(dim=-1)  # (B, Q)
+
+
 def age_bin(age: torch.Tensor) -> torch.Tensor:
     """The power-of-two bin of an age >= 1, as its lower edge: 1, 2, 2, 4, 4, 4, 4, 8, ..."""
     return torch.pow(2, torch.floor(torch.log2(age.double())).long())
@@ -152,4 +165,8 @@ def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device 
     overwritten.scatter_(1, query_pos, (which < m).long())
     age = torch.full_like(target_pos, -1)
     age.scatter_(1, query_pos, age_bin(query_pos - answer_pos))
-    return Batch(inputs, targets, overwritten, target_pos, SLICE_NAME, ((AGE, age),))
+    first = earliest_write(write_keys, asked)                           # (B, Q) the stale write, if any
+    stale = torch.full_like(targets, IGNORE)                            # (B, T)
+    stale.scatter_(1, query_pos, torch.where(first < last, write_values.gather(1, first),
+                                             torch.full_like(first, IGNORE)))
+    return Batch(inputs, targets, overwritten, target_pos, SLICE_NAME, ((AGE, age),), stale)

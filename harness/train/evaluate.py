@@ -86,16 +86,22 @@ def _eval_pass(model, inputs: torch.Tensor, targets: torch.Tensor, autocast):
 def _evaluate_set(model, es: EvalSet, autocast, per_pass: int) -> tuple[dict, list[dict]]:
     b = es.batch
     slices = b.slices() if hasattr(b, "slices") else [(b.slice_name, b.slice_value)]
-    correct, loss_sum, seen = [], 0.0, {name: [] for name, _ in slices}
+    stale = getattr(b, "stale", None)  # (B, T) the old association's token, where a query has one
+    correct, stale_hits, loss_sum, seen = [], [], 0.0, {name: [] for name, _ in slices}
     for s in range(0, b.inputs.shape[0], per_pass):
         part = slice(s, s + per_pass)
         logits, tgt, positions = _eval_pass(model, b.inputs[part], b.targets[part], autocast)
         mask = tgt != IGNORE  # (B, K)
         loss_sum += F.cross_entropy(logits[mask].float(), tgt[mask], reduction="sum").item()
-        correct.append((logits.argmax(-1) == tgt)[mask])
+        predicted = logits.argmax(-1)  # (B, K)
+        correct.append((predicted == tgt)[mask])
+        if stale is not None:
+            old = stale[part].gather(1, positions)  # (B, K)
+            stale_hits.append(((predicted == old) & (old != IGNORE))[mask])
         for name, value in slices:
             seen[name].append(value[part].gather(1, positions)[mask])
     hits = torch.cat(correct).float()
+    said_stale = torch.cat(stale_hits) if stale is not None else None
     n = hits.numel()
     setting = {"name": es.name, "accuracy": hits.mean().item(), "loss": loss_sum / n, "count": n,
                "seq_len": es.seq_len}
@@ -106,6 +112,8 @@ def _evaluate_set(model, es: EvalSet, autocast, per_pass: int) -> tuple[dict, li
             sel = values == v
             rows.append({"slice": name, "value": int(v), "seq_len": es.seq_len,
                          "accuracy": hits[sel].mean().item(), "count": int(sel.sum())})
+            if said_stale is not None:  # the queries answered with the old association's token
+                rows[-1]["stale"] = int(said_stale[sel].sum())
     return setting, rows
 
 
