@@ -154,7 +154,9 @@ def rate_check(runs: pd.DataFrame, windows: pd.DataFrame | None, label: str = "l
     (``in_window``: True, False, or empty where no window was measured or the mixer learned at
     no rate there; ``note`` says which)."""
     keys = [label, "model", *[c for c in setting_columns(runs) if windows is None or c in windows.columns]]
-    runs = runs.dropna(subset=[LR]) if LR in runs.columns else runs.iloc[0:0]
+    if LR not in runs.columns:
+        return pd.DataFrame()  # runs that record no rate: nothing to hold against a window
+    runs = runs.dropna(subset=[LR])
     points = runs.groupby(keys + [LR], dropna=False).size().rename("runs").reset_index()
     match = [k for k in keys if k != label]
     rows = []

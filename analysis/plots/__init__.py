@@ -26,6 +26,9 @@ class FigureSpec:
     draw: Callable | str          # the figure function (in a declaration: its name in the module)
     also: tuple[str, ...] = ()    # other sweeps whose results it draws too (run when missing)
     reopens_runs: bool = False    # draws from runs' weights (harness.load_run): takes trust_code
+    # the trainer switch with which its runs store in results.json what it would otherwise reopen
+    # model.pt for (an experiment that sets it redraws from results.json alone)
+    stored_by: str | None = None
     notebook: str | None = None   # analysis/<notebook>.py, the notebook that draws it
     tables: tuple[str, ...] = ()  # the CSVs it writes beside it (the figure's ``fig.tables``)
 

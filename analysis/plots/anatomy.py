@@ -33,7 +33,8 @@ from analysis.plots.common import (MissingData, caption, draw_bars, figure, lege
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
-    FigureSpec("anatomy", "anatomy", "anatomy_figure", reopens_runs=True, notebook="nb_anatomy",
+    FigureSpec("anatomy", "anatomy", "anatomy_figure", reopens_runs=True, stored_by="trainer.ablate",
+               notebook="nb_anatomy",
                tables=("anatomy", "anatomy_roles", "anatomy_heads")),
 )
 
@@ -189,5 +190,8 @@ def anatomy_figure(data, *, trust_code: bool = False) -> Figure:
                   f"A, keys rotated); at least {criteria.attention:g} of its weight where its role looks. {LEGEND}",
             legend=1.0)
     legend_outside(fig, axes[0])
-    fig.tables = {"anatomy": points, "anatomy_roles": role_points, "anatomy_heads": found["heads"]}
+    # a run named by its sweep folder and job, not its absolute path: the table is the same wherever
+    # the results lie (a committed copy redraws it byte for byte)
+    heads = found["heads"].assign(run_dir=found["heads"]["run_dir"].map(lambda d: "/".join(Path(d).parts[-2:])))
+    fig.tables = {"anatomy": points, "anatomy_roles": role_points, "anatomy_heads": heads}
     return fig
