@@ -118,10 +118,11 @@ def test_load_all_is_every_table_in_one_long_frame(tree):
     counts = long["table"].value_counts().to_dict()
     per_experiment = [load_results(tree / e) for e in make_results.EXPERIMENTS]
     assert counts["runs"] == sum(len(r) for r in per_experiment)
-    tables = ("slices", "heads", "probe", "cost", "settings", "metrics", "layers", "memory", "intervene")
+    tables = ("slices", "heads", "probe", "cost", "settings", "metrics", "layers", "memory", "intervene", "ablate")
     for name in tables:
         assert counts[name] == len(load_results(tree, name))
-    # layers, memory: each layer's mixer and its memory by kind; intervene: the interchange map
+    # layers, memory: each layer's mixer and its memory by kind; intervene: the interchange map;
+    # ablate: a run's own ablation rows (trainer.ablate)
     assert set(counts) == {"runs", *tables}
 
 
