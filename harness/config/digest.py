@@ -17,9 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 # the config hash, so a rerun of a sweep with another output folder still finds its results.
 _HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
                  "trainer.resume", "logger.", "sweep.")
-# Keys added after results were first written: at their default (None) they stay out of the
+# Keys added after results were first written, with the default at which they stay out of the
 # hash, so existing results keep their hash and a rerun of their sweep still finds them.
-_HASH_IF_SET = ("model.decay", "model.window", "model.layers", "model.attn_every")
+_HASH_UNLESS = {"model.decay": None, "model.window": None, "model.layers": None, "model.attn_every": None,
+                "task.key_regime": "shared", "task.num_keys": None}
 # Keys that matter only beside another: a hybrid's attention slot only where model.attn_every
 # places one; the ablation's settings only in mode=ablate (a training run computes nothing of them).
 _HASH_ONLY_WITH = {"model.attn": lambda flat: flat.get("model.attn_every") is not None,
@@ -49,7 +50,7 @@ def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
 
     return {k: v for k, v in flat.items()
             if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)
-            and not (k in _HASH_IF_SET and v is None) and applies(k)}
+            and not (k in _HASH_UNLESS and v == _HASH_UNLESS[k]) and applies(k)}
 
 
 def flat_hash(flat: dict[str, Any]) -> str:
