@@ -52,6 +52,34 @@ def test_favor_is_seeded_and_redraws_from_the_next_seed():
     assert torch.equal(a(x), features.Favor(16, 40, seed=4)(x))  # the cast cache follows the redraw
 
 
+def test_favor_both_signs_counts_two_features_per_projection():
+    """Schlag et al.'s form: m / 2 projections, each giving exp(+w.x - |x|^2/2) and exp(-w.x - |x|^2/2)
+    over sqrt(m); the features a state holds are m, the projections Schlag et al. count m / 2."""
+    f = features.Favor(8, 16, seed=2, signs="both")
+    assert f.m == 16 and f.projections == 8 and f.weights.shape == (8, 8)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0), dtype=F64)
+    out = f(x)
+    w, half = f.weights, 0.5 * x.pow(2).sum(-1, keepdim=True)
+    expected = torch.cat([torch.exp(x @ w.T - half), torch.exp(-x @ w.T - half)], -1) / math.sqrt(16)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=0)
+    assert torch.equal(f.weights, features.Favor(8, 8, seed=2).weights), "the same projections as 8 positive ones"
+    assert features.Favor(8, signs="both").m % 2 == 0
+    with pytest.raises(ValueError, match="m must be even"):
+        features.Favor(8, 15, signs="both")
+    with pytest.raises(ValueError, match="signs must be one of positive, both"):
+        features.Favor(8, 16, signs="minus")
+
+
+def test_favor_both_signs_is_unbiased_for_exp_qk():
+    g = torch.Generator().manual_seed(5)
+    d, draws = 8, 3000
+    q, k = (torch.randn(d, generator=g, dtype=F64) * 0.35 for _ in range(2))
+    w = features.draw_favor_weights(d, d, torch.Generator().manual_seed(1), draws=draws)  # (draws, m, d)
+    est = (features.favor_features(q, w, signs="both") * features.favor_features(k, w, signs="both")).sum(-1)
+    stderr = float(est.std()) / math.sqrt(draws)
+    assert abs(float(est.mean()) - math.exp(float(q @ k))) < 4 * stderr  # the tolerance of the positive form's test
+
+
 def test_orthogonal_blocks_with_chi_norms():
     d, blocks = 16, 400
     w = features.Favor(d, d * blocks, seed=1).weights
