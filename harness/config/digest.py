@@ -21,7 +21,7 @@ _HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ck
 # hash, so existing results keep their hash and a rerun of their sweep still finds them.
 _HASH_UNLESS = {"model.decay": None, "model.window": None, "model.layers": None, "model.attn_every": None,
                 "task.key_regime": "shared", "task.num_keys": None,
-                "model.favor_signs": "positive", "model.favor_per_dim": None}
+                "model.favor_signs": "positive", "model.favor_per_dim": None, "trainer.init_jitter": 0.0}
 # Keys that matter only beside another: a hybrid's attention slot only where model.attn_every
 # places one; the ablation's settings only in mode=ablate (a training run computes nothing of them).
 _HASH_ONLY_WITH = {"model.attn": lambda flat: flat.get("model.attn_every") is not None,

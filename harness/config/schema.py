@@ -49,6 +49,10 @@ class TrainerConfig:
     resume: Optional[str] = None       # a run directory to continue from its last checkpoint
     measure: bool = True               # mechanistic measurements at the end of training
     measure_examples: int = 64
+    # every initial weight w becomes w (1 + init_jitter z), z ~ N(0, 1) from a stream of its own: a
+    # run and its twin at 1e-6 differ by what another CPU's rounding makes of one run, so where
+    # they end apart the run's number depends on the machine (the rate pilots: analysis.lr_edge)
+    init_jitter: float = 0.0
 
 
 @dataclass
