@@ -44,6 +44,7 @@ from analysis.plots.common import (STOP, WIDTH, caption, draw_estimates, figure,
                                    legend_outside, log2_axis, loglog_slope, lr_heatmap, mark_lower_bounds, new_figure,
                                    note, plain_log_axes, require, retrieval_heads, select_on_validation, setting_values,
                                    table, with_stop_flags)
+from analysis.plots.capacity_keys import key_width_table
 from analysis.plots.reference import SCHLAG_BREAKS, SCHLAG_D_KEY
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
@@ -51,16 +52,25 @@ FIGURES = (
     FigureSpec("capacity", "capacity", "capacity_figure", notebook="nb_capacity",
                tables=("capacity_per_lr", "capacity_n50", "capacity_schlag", "capacity_protocol",
                        "capacity_extrapolation", "capacity_families", "capacity_stops", "capacity_law_baseline",
-                       "capacity_ranking")),
+                       "capacity_ranking", "capacity_control")),
 )
 
 TRAIN_N = "config.task.num_pairs"
+QK = "config.model.qk_dim"  # a wide model's key width set apart from its width: an axis, not a variant
 POINT = ["label", WIDTH, "train_n"]   # one trained model family: the learning rate is chosen per point
 FROM_TRAIN = "acc_predicted_from_train"
 READOUT = "acc_readout_trained"
 STATE = "summary.state_elements_per_layer"
+# softmax, with no fixed state, is the control: where it falls below this at a width, that
+# width's curves measure its embedding as well as the mixers' states
+CONTROL_CEILING = 0.98
 # Schlag et al.'s criterion: the largest N still recalled, read at this accuracy (beside N at 50%)
 RECALL_THRESHOLD = 0.9
+# The break, not the ceiling: the largest N still recalled at this fraction of the mixer's own
+# accuracy at its smallest N, so a model that never reaches 0.9 (a narrow embedding) still has one
+BREAK_FRACTION = 0.99
+BREAK_RULE = (f"n_break: the largest N whose mean accuracy is at least {BREAK_FRACTION} x the mixer's own at "
+              f"its smallest N (every smaller N too)")
 
 
 def capacity_points(data: pd.DataFrame) -> pd.DataFrame:
@@ -76,8 +86,17 @@ def capacity_points(data: pd.DataFrame) -> pd.DataFrame:
     rows = require(rows, ["model", "value", "accuracy"], "interference-task accuracy by num_pairs")
     if WIDTH not in rows.columns:
         rows = rows.assign(**{WIDTH: np.nan})
-    rows = with_stop_flags(rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan))
-    return labelled(rows)
+    rows = with_stop_flags(rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan,
+                                       qk_dim=key_width(rows)))
+    base = labelled(rows, exclude=(WIDTH, QK))["label"]  # the mixer whatever its key width
+    return labelled(rows).assign(base_label=base)
+
+
+def key_width(rows: pd.DataFrame) -> pd.Series:
+    """Each row's per-head q/k width: config.model.qk_dim where set, else d_model / n_heads."""
+    heads = rows["config.model.n_heads"] if "config.model.n_heads" in rows.columns else 1
+    own = pd.to_numeric(rows[WIDTH], errors="coerce") / heads
+    return pd.to_numeric(rows[QK], errors="coerce").fillna(own) if QK in rows.columns else own
 
 
 def capacity_selected(data: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -176,6 +195,14 @@ def recalled_n(n, accuracy, threshold: float = RECALL_THRESHOLD) -> float:
     failing = np.nonzero(curve.to_numpy() < threshold)[0]
     held = curve.index if failing.size == 0 else curve.index[:failing[0]]
     return float(held[-1]) if len(held) else math.nan
+
+
+def break_n(n, accuracy, fraction: float = BREAK_FRACTION) -> float:
+    """The break, not the ceiling (BREAK_RULE): the largest N whose mean accuracy is still at
+    least ``fraction`` of the mean at the smallest N tested, every smaller N too."""
+    curve = pd.Series(np.asarray(accuracy, float), index=np.asarray(n, float)).groupby(level=0).mean().sort_index()
+    curve = curve.dropna()
+    return recalled_n(curve.index, curve.to_numpy(), fraction * curve.iloc[0]) if len(curve) else math.nan
 
 
 def rests_on_lower_bounds(n, lower_bound, break_n: float) -> bool:
@@ -319,6 +346,7 @@ def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame, readout
             if readout is not None and len(readout) else pd.DataFrame()
         per_n = half_point(proto["value"], proto["accuracy"]) if len(proto) else math.nan
         recalled = recalled_n(proto["value"], proto["accuracy"]) if len(proto) else math.nan
+        broke = break_n(proto["value"], proto["accuracy"]) if len(proto) else math.nan
         lower = proto["lower_bound"] if "lower_bound" in proto.columns else np.zeros(len(proto), bool)
         measured = half_point(extra["value"], extra["accuracy"]) if len(extra) else math.nan
         expected = half_point(pred["value"], pred["predicted"]) if len(pred) else math.nan
@@ -327,11 +355,14 @@ def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame, readout
             if stats.SEED in proto.columns else {}
         est = stats.estimate(list(seeds.values())) if all(np.isfinite(list(seeds.values()))) else None
         first = grp.iloc[0]
-        row = {"label": label, "model": first["model"], "family": _family(first), WIDTH: width,
+        row = {"label": label, "base_label": first.get("base_label", label), "model": first["model"],
+               "family": _family(first), WIDTH: width, "qk_dim": _median(grp, "qk_dim"),
                "d_head": _median(grp, "summary.d_head"), "reference_n": ref,
                "n50_per_n": per_n, "n50_lower_bound": rests_on_lower_bounds(proto["value"], lower, per_n),
                "recall_threshold": RECALL_THRESHOLD, "n_recalled": recalled,
                "n_recalled_lower_bound": rests_on_lower_bounds(proto["value"], lower, recalled),
+               "break_fraction": BREAK_FRACTION, "n_break": broke,
+               "n_break_lower_bound": rests_on_lower_bounds(proto["value"], lower, broke),
                "n50_extrapolation": measured, "n50_predicted": expected,
                "n50_readout": read_out,
                "ratio_predicted_to_extrapolation": _ratio(expected, measured),
@@ -474,6 +505,9 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
         keep = [c for c in versus.columns if c.startswith("err_")] + ["law_beats_baseline", "law_within_tolerance",
                                                                         "tolerance_logodds", "counted_in_mean"]
         half = half.merge(versus[["label", WIDTH, *keep]], on=["label", WIDTH], how="left")
+    keys = key_width_table(half)
+    if len(keys):
+        half = half.merge(keys, on="base_label", how="left")
     fits = family_fits(half)
 
     fig, axes = new_figure(2, 3, panel=(3.6, 3.1), legend=2.2)
@@ -530,12 +564,27 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     share = stops[stops["label"] == "all"]["plateau_share"]
     caption(fig, "Capacity: one model per N, and the extrapolation from one N", proto_pts, extra_pts,
             extra=f"{_share_text(share)}; hollow: a point with a seed that ended at max_steps (a lower bound: no "
-                  f"break point or ranking is read from it); N recalled: the largest N at accuracy >= {RECALL_THRESHOLD}")
+                  f"break point or ranking is read from it); N recalled: the largest N at accuracy >= {RECALL_THRESHOLD}; "
+                  f"{BREAK_RULE}; a wide model's curves are labelled by their key width (qk_dim), and capacity_n50.csv "
+                  f"sets their N at 50% against it")
     protocol_csv = proto_pts.rename(columns={"value": "num_pairs"})
     extra_csv = extra_pts.rename(columns={"value": "test_num_pairs"}).assign(train_num_pairs=ref)
     fig.tables = {"capacity_per_lr": per_lr, "capacity_n50": half, "capacity_schlag": schlag,
                   "capacity_protocol": protocol_csv, "capacity_extrapolation": extra_csv,
                   "capacity_families": fits, "capacity_stops": stops, "capacity_law_baseline": versus,
                   "capacity_ranking": stats.ranking(proto_pts[~proto_pts["lower_bound"].astype(bool)],
-                                                    within=[WIDTH, "value"])}
+                                                    within=[WIDTH, "value"]),
+                  "capacity_control": control_table(protocol_csv, selected)}
     return fig
+
+
+def control_table(points: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
+    """softmax's points of the protocol (no fixed state: the control) at each width and N, with
+    below_ceiling where its mean falls under CONTROL_CEILING: there the width's curves measure the
+    embedding too. Empty where softmax did not run."""
+    runs = selected.drop_duplicates("label")
+    softmax = set(runs.loc[[_family(run) == "softmax" for _, run in runs.iterrows()], "label"])
+    rows = points[points["label"].isin(softmax)]
+    keep = [c for c in ("label", WIDTH, "num_pairs", "n", "mean", "interval_method", "low", "high",
+                        "lower_bound") if c in rows.columns]
+    return rows[keep].assign(ceiling=CONTROL_CEILING, below_ceiling=rows["mean"] < CONTROL_CEILING)
