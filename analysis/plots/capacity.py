@@ -46,6 +46,7 @@ from analysis.plots.common import (STOP, WIDTH, caption, draw_estimates, figure,
                                    table, with_stop_flags)
 from analysis.plots.capacity_keys import key_width_table
 from analysis.plots.reference import SCHLAG_BREAKS, SCHLAG_D_KEY
+from harness.measure.out_of_sample import anchored_by_algebra
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -236,6 +237,12 @@ def stop_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 SOURCES = {"law": FROM_TRAIN, "nominal": "acc_baseline_nominal", "anchored": "acc_baseline_anchored"}
 TOLERANCE = "config.analysis.law_tolerance_logodds"  # written in the experiment before its runs
+# A win is a mean |error| under the better baseline's by more than this many nats of log-odds
+# (config.analysis.law_margin_logodds where the experiment states it): a tie within it is no win.
+# 0.25 nats is about three standard errors of a five-seed mean accuracy near 0.5.
+MARGIN = "config.analysis.law_margin_logodds"
+LAW_MARGIN_LOGODDS = 0.25
+STATS = "train_stats."
 FLOOR = 0.005  # log-odds clip where a row does not say how many queries it counted
 
 
@@ -291,31 +298,71 @@ def law_errors(points: pd.DataFrame) -> pd.DataFrame:
     return points.assign(**extra)
 
 
+def stated(rows: pd.DataFrame, column: str, default: float = math.nan) -> float:
+    """A number the experiment fixed before its runs (config.analysis.*), else ``default``."""
+    return float(rows[column].dropna().iloc[0]) if column in rows.columns and rows[column].notna().any() else default
+
+
+def law_is_anchored(rows: pd.DataFrame) -> pd.Series:
+    """Per row, whether its run's law is the anchored baseline by algebra
+    (harness.measure.out_of_sample.anchored_by_algebra of its train_stats); False where the run
+    recorded none."""
+    names = ("law", "kernel_target", "log_decay", "target_write_gain")
+    if not all(f"{STATS}{n}" in rows.columns for n in names):
+        return pd.Series(False, index=rows.index)
+    return pd.Series([isinstance(r[f"{STATS}law"], str) and anchored_by_algebra(*(r[f"{STATS}{n}"] for n in names))
+                      for _, r in rows.iterrows()], index=rows.index, dtype=bool)
+
+
+def verdict(err_law: float, err_nominal: float, err_anchored: float, margin: float, identity: bool = False) -> str:
+    """Who predicted better, in mean |log-odds error|: "law" where its error is under the better
+    baseline's by more than ``margin``, "nominal" or "anchored" where that baseline's is under the
+    law's by more than it, "tie" otherwise; "identity" where the law is the anchored baseline by
+    algebra (no contest); "" where an error is missing."""
+    if identity:
+        return "identity"
+    errors = {"nominal": err_nominal, "anchored": err_anchored}
+    if not all(np.isfinite([err_law, *errors.values()])):
+        return ""
+    best = min(errors, key=errors.get)
+    if err_law + margin < errors[best]:
+        return "law"
+    if errors[best] + margin < err_law:
+        return best
+    return "tie"
+
+
 def law_baseline_table(points: pd.DataFrame) -> pd.DataFrame:
     """Per mixer and width: the mean |error| of the law and of each baseline over its
-    out-of-sample settings (accuracy and log-odds), whether the law beats the better baseline
-    in log-odds, whether it is within the experiment's tolerance, and counted_in_mean (False for
-    softmax, whose prediction sits at the ceiling: reported apart); then one row, label "mean
-    (softmax apart)", over the mixers counted."""
+    out-of-sample settings (accuracy and log-odds), the verdict (``verdict``: a win needs a margin
+    of margin_logodds), law_beats_baseline (the verdict is "law"), law_anchored_by_algebra (its
+    runs' law is the anchored baseline by construction: no win is counted), whether it is within
+    the experiment's tolerance, and counted_in_mean (False for softmax, whose prediction sits at
+    the ceiling: reported apart); then one row, label "mean (softmax apart)", over the mixers
+    counted."""
     if points.empty:
         return pd.DataFrame(columns=["label", WIDTH, "settings", "law_beats_baseline"])
-    errors = law_errors(points)
+    errors = law_errors(points).assign(_identity=law_is_anchored(points))
     cols = [c for c in errors.columns if c.startswith("err_")]
-    tol = float(errors[TOLERANCE].dropna().iloc[0]) if TOLERANCE in errors.columns and errors[TOLERANCE].notna().any() \
-        else math.nan
+    tol = stated(errors, TOLERANCE)
+    margin = stated(errors, MARGIN, LAW_MARGIN_LOGODDS)
     rows = []
     for (label, width), grp in errors.groupby(["label", WIDTH], dropna=False):
         row = {"label": label, WIDTH: width, "family": _family(grp.iloc[0]), "settings": len(grp),
-               **{c: float(grp[c].mean()) for c in cols}}
+               **{c: float(grp[c].mean()) for c in cols}, "law_anchored_by_algebra": bool(grp["_identity"].all())}
         rows.append(row)
     out = pd.DataFrame(rows)
     out["counted_in_mean"] = out["family"] != "softmax"
     counted = out[out["counted_in_mean"]]
     mean = {"label": "mean (softmax apart)", WIDTH: math.nan, "family": "", "settings": int(counted["settings"].sum()),
-            **{c: float(counted[c].mean()) for c in cols}, "counted_in_mean": False}
+            **{c: float(counted[c].mean()) for c in cols}, "counted_in_mean": False,
+            "law_anchored_by_algebra": bool(counted["law_anchored_by_algebra"].all()) if len(counted) else False}
     out = pd.concat([out, pd.DataFrame([mean])], ignore_index=True)
-    baseline = out[["err_nominal_logodds", "err_anchored_logodds"]].min(axis=1, skipna=True)
-    out["law_beats_baseline"] = (out["err_law_logodds"] < baseline).where(out["err_law_logodds"].notna() & baseline.notna())
+    out["margin_logodds"] = margin
+    out["verdict"] = [verdict(r.get("err_law_logodds", math.nan), r.get("err_nominal_logodds", math.nan),
+                              r.get("err_anchored_logodds", math.nan), margin, r["law_anchored_by_algebra"])
+                      for _, r in out.iterrows()]
+    out["law_beats_baseline"] = (out["verdict"] == "law").where(out["verdict"] != "")
     out["tolerance_logodds"] = tol
     out["law_within_tolerance"] = (out["err_law_logodds"] <= tol).where(np.isfinite(tol) & out["err_law_logodds"].notna())
     return out
@@ -502,8 +549,10 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     half = half_capacity_table(selected, predicted, readout, ref)
     versus = law_baseline_table(out_of_sample_rows(data, set(selected["run_dir"])))
     if len(versus):
-        keep = [c for c in versus.columns if c.startswith("err_")] + ["law_beats_baseline", "law_within_tolerance",
-                                                                        "tolerance_logodds", "counted_in_mean"]
+        keep = [c for c in versus.columns if c.startswith("err_")] + ["verdict", "law_beats_baseline",
+                                                                        "law_anchored_by_algebra", "margin_logodds",
+                                                                        "law_within_tolerance", "tolerance_logodds",
+                                                                        "counted_in_mean"]
         half = half.merge(versus[["label", WIDTH, *keep]], on=["label", WIDTH], how="left")
     keys = key_width_table(half)
     if len(keys):

@@ -148,13 +148,18 @@ class TrainStats:
 
     @property
     def anchored_by_algebra(self) -> bool:
-        """Whether the law's out-of-sample prediction at the same key width is the anchored
-        baseline's by construction: an additive state with one read-out head, no decay and every
-        write at gain 1 scales the training read-out's SNR^2 by the ratio of earlier writes, which
-        is what the anchored baseline does. A win of the law there is no evidence for it."""
-        return (self.law == "additive" and len(self.kernel_target) == 1
-                and all(float(x) == 0.0 for head in self.log_decay for x in head)
-                and all(float(w) == 1.0 for w in self.target_write_gain))
+        """anchored_by_algebra of these statistics."""
+        return anchored_by_algebra(self.law, self.kernel_target, self.log_decay, self.target_write_gain)
+
+
+def anchored_by_algebra(law: str, kernel_target, log_decay, target_write_gain) -> bool:
+    """Whether the law's out-of-sample prediction at the same key width is the anchored
+    baseline's by construction: an additive state with one read-out head, no decay and every
+    write at gain 1 scales the training read-out's SNR^2 by the ratio of earlier writes, which is
+    what the anchored baseline does. A win of the law there is no evidence for it."""
+    return (law == "additive" and len(kernel_target) == 1
+            and all(float(x) == 0.0 for head in log_decay for x in head)
+            and all(float(w) == 1.0 for w in target_write_gain))
 
 
 class Reads(NamedTuple):
