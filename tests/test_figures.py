@@ -223,6 +223,8 @@ def test_snr_law_and_the_trained_law_out_of_sample(drawn, frames):
     for model in ("linear", "elu", "favor"):
         assert fits.loc[("untrained probe", model), "slope"] == pytest.approx(1.0, abs=0.1)
     assert fits.loc[("trained", "favor m=64"), "prefactor"] == pytest.approx(0.6)
+    # the slope read as SNR ~ N^exponent at a fixed d, beside the law's -1/2
+    assert (fits["exponent_in_n"] == -fits["slope"] / 2).all() and (fits["law_exponent_in_n"] == -0.5).all()
     oos = out_of_sample_points(frames["snr"])
     assert len(oos) and not (oos["test_n"] == oos["train_n"]).any()           # never the training N
     assert (oos["config.trainer.lr"] == 3e-3).all()                           # the capacity figure's choice
