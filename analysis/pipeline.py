@@ -42,6 +42,9 @@ def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> li
         sweep_dir = root / experiment
         if has_results(sweep_dir):
             continue
+        if not in_profile(profile, experiment):
+            warn(f"sweep {experiment}: the {profile} profile has no such experiment; its figures draw without it")
+            continue
         groups = pilot_rates(root, experiment, profile, runner)
         commands = [sweep_command(profile, experiment, lr_edge.chosen_dir(sweep_dir, lr, width))
                     + lr_edge.chosen_overrides(lr, width, models) for (lr, width), models in groups.items()] \
@@ -118,6 +121,14 @@ def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, pa
 
 def _full_name(profile: str, name: str) -> str:
     return name if profile == "quick" else f"{profile}/{name}"
+
+
+def in_profile(profile: str, name: str) -> bool:
+    """Whether the profile has an experiment file of that name (a figure may read a sweep that
+    only another profile runs: the findings profile's capacity_length)."""
+    from harness.config.compose import CONF_DIR
+
+    return (CONF_DIR / "experiment" / f"{_full_name(profile, name)}.yaml").exists()
 
 
 def compose_experiment(profile: str, name: str, overrides=()):

@@ -138,3 +138,14 @@ def test_the_experiment_runs_each_mixer_at_its_pilot_rate(tmp_path, monkeypatch)
     assert len(rest) == 2 and "model=deltanet trainer.lr=0.003" in rest[0] and "model=elu trainer.lr=0.01" in rest[1]
     assert "/capacity/lr_0.003" in rest[0].replace("\\", "/")
     assert (tmp_path / "capacity_rates" / "chosen_rates.csv").read_text().count("\n") == 5
+
+
+def test_a_sweep_the_profile_does_not_have_is_left_out(tmp_path, capsys):
+    """A figure may read a sweep only another profile runs: the quick profile runs nothing for it."""
+    from analysis import pipeline
+
+    calls = []
+    assert pipeline.run_missing_sweeps(tmp_path, ["no_such_sweep"], "quick",
+                                       lambda cmd, check=False: calls.append(cmd)) == []
+    assert calls == [] and "the quick profile has no such experiment" in capsys.readouterr().err
+    assert pipeline.in_profile("quick", "capacity") and pipeline.in_profile("paper", "capacity")

@@ -16,7 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 # Keys that say where or how loudly a run happens, not what it computes: they do not enter
 # the config hash, so a rerun of a sweep with another output folder still finds its results.
 _HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
-                 "trainer.resume", "logger.", "sweep.")
+                 "trainer.resume", "logger.", "sweep.",
+                 # predictions written into an experiment before its later runs (analysis.preregister):
+                 # they change no run, and its earlier runs keep their hash when they are written
+                 "analysis.law_predictions")
 # Keys added after results were first written, with the default at which they stay out of the
 # hash, so existing results keep their hash and a rerun of their sweep still finds them.
 _HASH_UNLESS = {"model.decay": None, "model.window": None, "model.layers": None, "model.attn_every": None,
