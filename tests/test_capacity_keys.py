@@ -51,3 +51,34 @@ def test_softmax_is_the_control_at_every_n_of_the_narrow_width(tables):
     control = tables["capacity_control"].set_index("num_pairs")
     assert sorted(control.index) == list(make_results.CAPACITY_NARROW_N)
     assert control.loc[24, "below_ceiling"] and not control.loc[16, "below_ceiling"]
+
+
+def test_the_preregistered_predictions_get_their_verdict_whichever_way_it_falls(tmp_path_factory):
+    """law_predictions.csv on runs whose truth is known: elu's law holds its curve (a win past the
+    margin); deltanet's law says N at 50% grows as d_key where it grows as its square, and the
+    nominal baseline has it right: reported as the law losing. A row where the law is the anchored
+    baseline by algebra, or one not yet measured, counts for nothing."""
+    from analysis.plots.law import law_figure
+
+    root = make_results.write_results_tree(tmp_path_factory.mktemp("law"), experiments=("capacity_keys",))
+    tab = law_figure(load_all(root / "capacity_keys")).tables["law_predictions"]
+    summary = tab[tab["settings"] != 1].set_index("model")
+    assert summary.loc["elu", "verdict"] == "law" and summary.loc["elu", "law_beats_baseline"]
+    assert summary.loc["deltanet", "verdict"] == "nominal" and not summary.loc["deltanet", "law_beats_baseline"]
+    assert summary.loc["deltanet", "err_law_logodds"] > summary.loc["deltanet", "err_nominal_logodds"] + 0.25
+    points = tab[tab["settings"] == 1]
+    assert (points.loc[points["part"] == "key_width", "n"] == 5).all()
+    length = points[points["part"] == "length"].iloc[0]
+    assert length["n"] == 0 and length["verdict"] == "" and "length" not in set(summary["part"])
+    assert summary["settings"].eq(2 * (len(make_results.CAPACITY_KEY_N) - 1)).all()  # N = 2 is not discriminating
+
+
+def test_the_length_law_is_judged_on_the_lengths_it_was_written_for(tmp_path_factory):
+    from analysis.plots.law import law_figure
+
+    root = make_results.write_results_tree(tmp_path_factory.mktemp("length"), experiments=("capacity_length",))
+    tab = law_figure(load_all(root / "capacity_length")).tables["law_predictions"]
+    points = tab[(tab["settings"] == 1)].set_index("seq_len")
+    assert list(points.index) == list(make_results.CAPACITY_LENGTHS) and (points["n"] == 5).all()
+    summary = tab[tab["settings"] != 1].iloc[0]
+    assert summary["part"] == "length" and summary["verdict"] == "law" and summary["settings"] == 4

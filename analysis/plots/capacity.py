@@ -634,6 +634,4 @@ def control_table(points: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
     runs = selected.drop_duplicates("label")
     softmax = set(runs.loc[[_family(run) == "softmax" for _, run in runs.iterrows()], "label"])
     rows = points[points["label"].isin(softmax)]
-    keep = [c for c in ("label", WIDTH, "num_pairs", "n", "mean", "interval_method", "low", "high",
-                        "lower_bound") if c in rows.columns]
-    return rows[keep].assign(ceiling=CONTROL_CEILING, below_ceiling=rows["mean"] < CONTROL_CEILING)
+    return rows.assign(ceiling=CONTROL_CEILING, below_ceiling=rows["mean"] < CONTROL_CEILING)
