@@ -21,10 +21,16 @@ Every point: each seed drawn, the mean, and an interval only from five seeds (an
 A point with a seed that ended at trainer.max_steps is a lower bound (capacity_protocol.csv's
 lower_bound, hollow in the figure): no ranking is read from it, and a break point that rests on
 one says so (n50_lower_bound). capacity_n50.csv gives Schlag's criterion beside N at 50%
-(n_recalled: the largest N recalled at RECALL_THRESHOLD) and the out-of-sample law's mean error
-beside its two naive baselines' (harness.measure.out_of_sample.predict_baselines), in accuracy
-and log-odds, softmax apart (capacity_law_baseline.csv); capacity_stops.csv the share of runs
-stopped on their validation plateau.
+(n_recalled: the largest N recalled at RECALL_THRESHOLD), the break rather than the ceiling
+(n_break: BREAK_RULE), and, where a wide model's key width was set apart (model.qk_dim below
+d_model: the findings profile), N at 50% against the key width (analysis.plots.capacity_keys:
+its exponent, the largest-over-next ratio and the wide-over-narrow confound, each with an
+interval); the out-of-sample law's mean error beside its two naive baselines'
+(harness.measure.out_of_sample.predict_baselines), in accuracy and log-odds, softmax apart, with
+a verdict that needs a margin (capacity_law_baseline.csv); capacity_stops.csv the share of runs
+stopped on their validation plateau; capacity_control.csv softmax at every N of each width (the
+control with no fixed state: below CONTROL_CEILING the width's curves measure the embedding).
+A run's curve is labelled by its key width where that varies in its sweep ("elu qk_dim=4").
 Every mixer the sweep ran is drawn (harness.config.mixers); its variants (dpfp ν, FAVOR+
 features, the additive control) are told apart by the options that vary (analysis.plots.labels).
 """
