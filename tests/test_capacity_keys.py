@@ -62,11 +62,11 @@ def test_the_preregistered_predictions_get_their_verdict_whichever_way_it_falls(
 
     root = make_results.write_results_tree(tmp_path_factory.mktemp("law"), experiments=("capacity_keys",))
     tab = law_figure(load_all(root / "capacity_keys")).tables["law_predictions"]
-    summary = tab[tab["settings"] != 1].set_index("model")
+    summary = tab[tab["row"] == "summary"].set_index("model")
     assert summary.loc["elu", "verdict"] == "law" and summary.loc["elu", "law_beats_baseline"]
     assert summary.loc["deltanet", "verdict"] == "nominal" and not summary.loc["deltanet", "law_beats_baseline"]
     assert summary.loc["deltanet", "err_law_logodds"] > summary.loc["deltanet", "err_nominal_logodds"] + 0.25
-    points = tab[tab["settings"] == 1]
+    points = tab[tab["row"] == "setting"]
     assert (points.loc[points["part"] == "key_width", "n"] == 5).all()
     length = points[points["part"] == "length"].iloc[0]
     assert length["n"] == 0 and length["verdict"] == "" and "length" not in set(summary["part"])
@@ -78,7 +78,7 @@ def test_the_length_law_is_judged_on_the_lengths_it_was_written_for(tmp_path_fac
 
     root = make_results.write_results_tree(tmp_path_factory.mktemp("length"), experiments=("capacity_length",))
     tab = law_figure(load_all(root / "capacity_length")).tables["law_predictions"]
-    points = tab[(tab["settings"] == 1)].set_index("seq_len")
+    points = tab[tab["row"] == "setting"].set_index("seq_len")
     assert list(points.index) == list(make_results.CAPACITY_LENGTHS) and (points["n"] == 5).all()
-    summary = tab[tab["settings"] != 1].iloc[0]
+    summary = tab[tab["row"] == "summary"].iloc[0]
     assert summary["part"] == "length" and summary["verdict"] == "law" and summary["settings"] == 4

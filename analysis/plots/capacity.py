@@ -56,7 +56,8 @@ from harness.measure.out_of_sample import anchored_by_algebra
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
-    FigureSpec("capacity", "capacity", "capacity_figure", notebook="nb_capacity",
+    # capacity_narrow: the findings profile's narrow model beside its wide one (no such quick sweep)
+    FigureSpec("capacity", "capacity", "capacity_figure", also=("capacity_narrow",), notebook="nb_capacity",
                tables=("capacity_per_lr", "capacity_n50", "capacity_schlag", "capacity_protocol",
                        "capacity_extrapolation", "capacity_families", "capacity_stops", "capacity_law_baseline",
                        "capacity_ranking", "capacity_control")),

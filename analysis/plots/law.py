@@ -119,7 +119,7 @@ def summary_rows(points: pd.DataFrame, margin: float) -> pd.DataFrame:
     for (part, model), grp in done.groupby(["part", "model"]):
         err = {c: float(grp[c].mean()) for c in grp.columns if c.startswith("err_")}
         identity = bool(grp["law_anchored_by_algebra"].astype(bool).all())
-        rows.append({"part": part, "model": model, "qk_dim": "all", "num_pairs": "all", "seq_len": "all",
+        rows.append({"row": "summary", "part": part, "model": model, "qk_dim": "all", "num_pairs": "all", "seq_len": "all",
                      "settings": len(grp), **err, "margin_logodds": margin,
                      "law_anchored_by_algebra": identity,
                      "verdict": verdict(err["err_law_logodds"], err["err_nominal_logodds"],
@@ -128,12 +128,13 @@ def summary_rows(points: pd.DataFrame, margin: float) -> pd.DataFrame:
 
 
 def law_table(data: pd.DataFrame) -> pd.DataFrame:
-    """law_predictions.csv: every pre-registered setting with what was measured there and its
-    verdict, then the per-part summaries (law_beats_baseline: the verdict is "law")."""
+    """law_predictions.csv: every pre-registered setting (row "setting") with what was measured
+    there and its verdict, then the per-part summaries (row "summary"; law_beats_baseline: the
+    verdict is "law")."""
     rows = predictions(data)
     margin = stated(table(data, "runs"), MARGIN, LAW_MARGIN_LOGODDS)
     points = with_errors(measured_points(data, rows), margin)
-    out = pd.concat([points.assign(settings=1), summary_rows(points, margin)], ignore_index=True)
+    out = pd.concat([points.assign(row="setting", settings=1), summary_rows(points, margin)], ignore_index=True)
     return out.assign(law_beats_baseline=(out["verdict"] == "law").where(out["verdict"] != ""))
 
 
@@ -170,7 +171,7 @@ def law_figure(data) -> Figure:
     """Measured against predicted at the other key widths, and recall against length with the
     three predictions."""
     tab = law_table(data)
-    points = tab[tab["settings"] == 1]
+    points = tab[tab["row"] == "setting"]
     colors = palette(sorted(points["model"].unique()))
     fig, (left, right) = new_figure(1, 2, panel=(4.0, 3.6), legend=2.4)
     _draw_key_width(left, points, colors)
@@ -180,9 +181,10 @@ def law_figure(data) -> Figure:
     handles += [Line2D([], [], color="0.3", ls=ls) for ls in ("-", "--", ":")]
     labels = list(colors) + [f"{s} (left)" for s in SOURCES] + [f"{s} (right)" for s in SOURCES]
     fig.legend(handles, labels, loc="center right", fontsize="small", frameon=False)
-    summary = tab[tab["settings"] != 1]
+    summary = tab[tab["row"] == "summary"]
     said = "; ".join(f"{r['model']} ({r['part']}): {r['verdict']}" for _, r in summary.iterrows()) or "no verdict yet"
-    caption(fig, "The law's pre-registered predictions", points,
+    measured = points[pd.to_numeric(points["n"], errors="coerce").fillna(0) > 0]
+    caption(fig, "The law's pre-registered predictions", measured,
             extra=f"predictions written into the experiment files before these runs (analysis.preregister); "
                   f"verdict over each mixer's discriminating settings, a win only by more than "
                   f"{float(tab['margin_logodds'].iloc[0]):g} nats of log-odds: {said}")
