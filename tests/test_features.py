@@ -236,3 +236,30 @@ def test_dpfp_kernel_dimension():
     assert theory.dpfp_effective_dim(64, 1) < theory.dpfp_effective_dim(64, 2) < theory.dpfp_effective_dim(64, 3)
     with pytest.raises(ValueError, match="1 <= nu < d"):
         theory.dpfp_effective_dim(4, 4)
+
+
+DRAW_DIGEST = """
+import hashlib, torch
+from harness import features
+# the sizes the capacity sweeps draw: d_key 8 with 8-64 features (quick), 4-16 with their projections (findings)
+sizes = [(4, 4), (4, 8), (8, 8), (8, 16), (8, 64), (16, 16), (16, 32)]
+blob = b"".join(features.Favor(d, m, seed=s).weights.float().numpy().tobytes() for d, m in sizes for s in range(40))
+print(hashlib.sha1(blob).hexdigest())
+"""
+
+
+def test_the_draw_a_model_uses_is_the_same_whatever_the_threads_and_kernels():
+    """FAVOR+'s projections, as the model casts them to float32, bit for bit under one or two threads,
+    torch's default kernels instead of AVX2, and MKL's compatible code path (which stands in for
+    another CPU's): the draw is not what moved FAVOR+ between machines. (The float64 draw itself
+    differs at 1e-16 with MKL's threads at d = 64 and with its code path; the cast removes that at
+    these sizes.)"""
+    import os
+    import subprocess
+    import sys
+
+    settings = [{"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"},
+                {"ATEN_CPU_CAPABILITY": "default"}, {"MKL_CBWR": "COMPATIBLE"}]
+    digests = {subprocess.run([sys.executable, "-c", DRAW_DIGEST], env={**os.environ, **env}, capture_output=True,
+                              text=True, check=True).stdout.strip() for env in settings}
+    assert len(digests) == 1, digests
