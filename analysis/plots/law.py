@@ -9,7 +9,8 @@ and the verdict (analysis.plots.capacity.verdict: a win only by more than the ma
 same file); then per part and mixer over its discriminating settings (where the law differed
 from both baselines by more than the margin before the runs) the same, the row a finding quotes.
 A law that loses is reported as losing; where it is the anchored baseline by algebra the verdict
-says "identity", never a win.
+says "identity", never a win. A setting the runs measured that no prediction names (a mixer
+added later) is listed with preregistered False and judged on nothing.
 
 Left: measured against predicted accuracy at the other key widths (each source its marker).
 Right: the decayed mixer's recall against length, measured and as each source predicted it.
@@ -27,11 +28,13 @@ from analysis import stats
 from analysis.plots import FigureSpec
 from analysis.plots.capacity import (LAW_MARGIN_LOGODDS, MARGIN, capacity_points, log_odds, protocol_rows, stated,
                                      verdict)
-from analysis.plots.common import (MissingData, caption, figure, new_figure, note, palette, setting_values, table)
+from analysis.plots.common import (MissingData, caption, figure, log2_axis, new_figure, note, palette, setting_values,
+                                   table)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
-    FigureSpec("law", "capacity", "law_figure", also=("capacity_length",), tables=("law_predictions",)),
+    # the findings profile's: its length sweep is its own; the other key widths are capacity runs
+    FigureSpec("law", "capacity_length", "law_figure", also=("capacity",), tables=("law_predictions",)),
 )
 
 PREDICTIONS = "config.analysis.law_predictions"
@@ -75,6 +78,20 @@ def _measured_length(data: pd.DataFrame) -> pd.DataFrame:
     return out.dropna(subset=["seq_len"])
 
 
+def unpredicted(data: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """The settings the runs measured that no prediction row names (a mixer added after the
+    predictions were written, say): kept, with no prediction and preregistered False, so the
+    table shows what was run and nothing is judged on it."""
+    wide, along = _measured_key_width(data), _measured_length(data)
+    keys = ["part", "model", "qk_dim", "num_pairs", "seq_len"]
+    found = pd.concat([wide.drop_duplicates(["model", "qk_dim", "train_n"]).assign(part="key_width", seq_len=None)
+                       .rename(columns={"train_n": "num_pairs"}).reindex(columns=keys),
+                       along.drop_duplicates(["model", "num_pairs", "seq_len"]).assign(part="length")
+                       .reindex(columns=keys)], ignore_index=True)
+    named = {(r["part"], r["model"]) for _, r in rows.iterrows()}
+    return found[[(p, m) not in named for p, m in zip(found["part"], found["model"])]].assign(preregistered=False)
+
+
 def measured_points(data: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     """Each prediction row with the measured mean over seeds (n, interval: analysis.stats.summarize)
     of the runs at its setting; NaN where no run measured it yet."""
@@ -103,18 +120,19 @@ def with_errors(points: pd.DataFrame, margin: float) -> pd.DataFrame:
     """Each source's |log-odds error| against the measured mean, and each setting's verdict."""
     count = points["count"].where(np.isfinite(points["count"].astype(float))) if "count" in points.columns else None
     measured = log_odds(points["mean"], count)
+    points = points.assign(**{s: pd.to_numeric(points[s], errors="coerce") for s in SOURCES})
     errors = {f"err_{s}_logodds": np.abs(log_odds(points[s], count) - measured) for s in SOURCES}
     points = points.assign(**errors, margin_logodds=margin)
     points["verdict"] = [verdict(r["err_law_logodds"], r["err_nominal_logodds"], r["err_anchored_logodds"], margin,
                                  bool(r.get("law_anchored_by_algebra", False)))
-                         if np.isfinite(r["mean"]) else "" for _, r in points.iterrows()]
+                         if np.isfinite(r["mean"]) and np.isfinite(r["law"]) else "" for _, r in points.iterrows()]
     return points
 
 
 def summary_rows(points: pd.DataFrame, margin: float) -> pd.DataFrame:
     """Per part and mixer, over its discriminating settings that were measured: mean errors and
     the verdict (num_pairs, seq_len: "all")."""
-    done = points[points["discriminating"].astype(bool) & np.isfinite(points["mean"].astype(float))]
+    done = points[points["discriminating"].fillna(False).astype(bool) & np.isfinite(points["mean"].astype(float))]
     rows = []
     for (part, model), grp in done.groupby(["part", "model"]):
         err = {c: float(grp[c].mean()) for c in grp.columns if c.startswith("err_")}
@@ -131,7 +149,8 @@ def law_table(data: pd.DataFrame) -> pd.DataFrame:
     """law_predictions.csv: every pre-registered setting (row "setting") with what was measured
     there and its verdict, then the per-part summaries (row "summary"; law_beats_baseline: the
     verdict is "law")."""
-    rows = predictions(data)
+    rows = predictions(data).assign(preregistered=True)
+    rows = pd.concat([rows, unpredicted(data, rows)], ignore_index=True)
     margin = stated(table(data, "runs"), MARGIN, LAW_MARGIN_LOGODDS)
     points = with_errors(measured_points(data, rows), margin)
     out = pd.concat([points.assign(row="setting", settings=1), summary_rows(points, margin)], ignore_index=True)
@@ -160,7 +179,9 @@ def _draw_length(ax, points: pd.DataFrame, colors: dict) -> None:
         done = grp[np.isfinite(grp["mean"].astype(float))]
         ax.errorbar(done["seq_len"], done["mean"], yerr=[done["mean"] - done["low"], done["high"] - done["mean"]]
                     if done["low"].notna().any() else None, fmt="o", color=colors[model], ms=4, capsize=2)
-    ax.set(xscale="log", ylim=(-0.02, 1.02), xlabel="sequence length (tokens; filler between pairs and queries)",
+    if len(part):
+        log2_axis(ax, part["seq_len"])
+    ax.set(ylim=(-0.02, 1.02), xlabel="sequence length (tokens; filler between pairs and queries)",
            ylabel="recall accuracy (fraction)", title="the decayed mixer against length")
     if part.empty:
         note(ax, "no length predictions in these results")
