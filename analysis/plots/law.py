@@ -34,7 +34,8 @@ from analysis.plots.common import (MissingData, caption, figure, log2_axis, new_
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     # the findings profile's: its length sweep is its own; the other key widths are capacity runs
-    FigureSpec("law", "capacity_length", "law_figure", also=("capacity",), tables=("law_predictions",)),
+    FigureSpec("law", "capacity_length", "law_figure", also=("capacity",), notebook="nb_law",
+               tables=("law_predictions",)),
 )
 
 PREDICTIONS = "config.analysis.law_predictions"
