@@ -4,7 +4,7 @@ Every run writes one ``results.json`` into its Hydra run directory; a multirun s
 directory of numbered run directories. Any directory is loaded the same way: every
 ``results.json`` below it becomes one run. The run's scalar fields become run columns
 
-    run_dir, mode, status, error, task, model, schema, config.*, summary.*, env.*
+    run_dir, mode, status, error, task, model, schema, config.*, summary.*, train_stats.*, env.*
 
 and every list-valued top-level key of the file is a table ("slices", "heads", "probe",
 "cost", ...) whose rows are joined with the run columns. The run's ``metrics.jsonl`` beside
@@ -43,7 +43,7 @@ METRICS_FILE = "metrics.jsonl"
 GZ = ".gz"  # committed results: each file gzip'd (analysis.archive)
 RUN_COLUMNS = ("run_dir", "mode", "status", "error", "task", "model", "schema")
 # Groups of run columns, in the order they appear after the fixed ones.
-_PREFIXES = ("config.", "summary.", "env.")
+_PREFIXES = ("config.", "summary.", "train_stats.", "env.")
 
 
 class NoResultsError(FileNotFoundError):
@@ -130,6 +130,8 @@ def read_run(file: str | os.PathLike) -> tuple[dict, dict[str, list[dict]]]:
     record.update({k: v for k, v in data.items() if k not in known and not isinstance(v, (list, dict))})
     record.update(_flatten(config, "config."))
     record.update(_flatten(data.get("summary") or {}, "summary."))
+    # the statistics the out-of-sample law carried from the training setting (lists as tuples)
+    record.update(_flatten(data.get("train_stats") or {}, "train_stats."))
     record.update(_flatten(data.get("env") or {}, "env."))
     tables = {
         key: [_flatten(row) for row in value if isinstance(row, dict)]

@@ -72,7 +72,8 @@ def run_scores(sweep_dir: Path) -> list[dict]:
             continue
         overrides = _overrides(file.parent)
         lr = float(overrides.get(LR_KEY, lr if lr is not None else math.nan))
-        rows.append({"overrides": overrides, "lr": lr, "score": float(score)})
+        rows.append({"overrides": overrides, "lr": lr, "score": float(score),
+                     "val_loss": float(summary.get("val_loss", math.nan))})
     return rows
 
 
@@ -145,22 +146,54 @@ def pilot_name(experiment: str) -> str:
     return f"{experiment}{PILOT_SUFFIX}"
 
 
+# The rounding twin: a pilot run beside its twin whose initial weights were perturbed by
+# trainer.init_jitter (1e-6 of each weight, below any seed's difference). Where training amplifies
+# such a perturbation (a rate at which the loss climbs back and forth), the two end apart by as
+# much as two seeds do, and so would the run on another CPU, whose rounding differs by as little
+# (the capacity note in docs/findings.md: FAVOR+ at 3e-2 moved 0.1-0.2 nats where 1e-2 moved 4e-5).
+# A rate whose twins' final validation losses differ by more than this is not chosen while a rate
+# that holds exists.
+JITTER_KEY = "trainer.init_jitter"
+ROUNDING_GAP = 1e-3  # nats: chaotic twins end 0.01-0.2 apart, stable ones 1e-7 to 4e-5
+
+
+def rounding_gaps(rows: list[dict]) -> dict[float, float]:
+    """{rate: the largest |difference| of final validation loss between a run and its jittered
+    twin (the same overrides but trainer.init_jitter)}; a rate without a twin is left out."""
+    runs = defaultdict(dict)
+    for row in rows:
+        jitter = float(row["overrides"].get(JITTER_KEY, 0.0))
+        twin = tuple(sorted((k, v) for k, v in row["overrides"].items() if k not in (JITTER_KEY, LR_KEY)))
+        runs[(row["lr"], twin)][jitter > 0] = row["val_loss"]
+    gaps = defaultdict(float)
+    for (lr, _), pair in runs.items():
+        if len(pair) == 2:
+            gaps[lr] = max(gaps[lr], abs(pair[True] - pair[False]))
+    return dict(gaps)
+
+
 def pilot_choices(rows: list[dict]) -> list[dict]:
     """Per (model, width) of the pilot's runs (run_scores rows): every rate's mean validation
-    accuracy and the chosen one (the best; ties: the lower rate), with chosen_at_edge where it
-    is the lowest or highest rate tried."""
+    accuracy, how far its rounding twins ended apart (rounding_gap, NaN without twins;
+    rounding_sensitive above ROUNDING_GAP) and the chosen one (the best among the rates that
+    are not rounding-sensitive, all of them where none holds; ties: the lower rate), with
+    chosen_at_edge where it is the lowest or highest rate tried."""
     by_point = defaultdict(lambda: defaultdict(list))
     for row in rows:
         model = row["overrides"].get("model")
         if model is None or math.isnan(row["lr"]):
             continue
-        by_point[(model, row["overrides"].get(WIDTH_KEY))][row["lr"]].append(row["score"])
+        by_point[(model, row["overrides"].get(WIDTH_KEY))][row["lr"]].append(row)
     out = []
     for (model, width), per_lr in sorted(by_point.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        means = {lr: sum(s) / len(s) for lr, s in sorted(per_lr.items())}
-        best = max(means, key=lambda lr: (means[lr], -lr))
+        means = {lr: sum(r["score"] for r in runs) / len(runs) for lr, runs in sorted(per_lr.items())}
+        gaps = rounding_gaps([r for runs in per_lr.values() for r in runs])
+        holds = [lr for lr in means if not gaps.get(lr, 0.0) > ROUNDING_GAP] or list(means)
+        best = max(holds, key=lambda lr: (means[lr], -lr))
         for lr, mean in means.items():
+            gap = gaps.get(lr, math.nan)
             out.append({"model": model, "width": width, "lr": lr, "val_accuracy": mean, "runs": len(per_lr[lr]),
+                        "rounding_gap": gap, "rounding_sensitive": bool(gap > ROUNDING_GAP),
                         "chosen": lr == best, "chosen_at_edge": lr == best and len(means) > 1
                         and lr in (min(means), max(means))})
     return out

@@ -46,9 +46,9 @@ def profile_experiments(profile: str) -> list[str]:
 def profile_figures(specs, profile: str) -> list:
     """The figures a profile draws: every one for a full profile; for another (findings), those
     whose own experiment it has, each reading only the other sweeps it also has."""
-    if profile in FULL_PROFILES:
-        return list(specs)
     names = set(profile_experiments(profile))
+    if profile in FULL_PROFILES:  # a figure whose sweep only another profile runs is not drawn
+        return [s for s in specs if s.experiment is None or s.experiment in names]
     return [replace(s, also=tuple(e for e in s.also if e in names)) for s in specs
             if s.experiment is not None and s.experiment in names]
 
@@ -118,6 +118,9 @@ def run_missing_sweeps(root: Path, experiments, profile: str, runner=None) -> li
     for experiment in experiments:
         sweep_dir = root / experiment
         if sweep_complete(root, experiment, profile):
+            continue
+        if not in_profile(profile, experiment):
+            warn(f"sweep {experiment}: the {profile} profile has no such experiment; its figures draw without it")
             continue
         groups = pilot_rates(root, experiment, profile, runner)
         commands = [sweep_command(profile, experiment, lr_edge.chosen_dir(sweep_dir, lr, width))
@@ -198,6 +201,12 @@ def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, pa
 
 def _full_name(profile: str, name: str) -> str:
     return name if profile == "quick" else f"{profile}/{name}"
+
+
+def in_profile(profile: str, name: str) -> bool:
+    """Whether the profile has an experiment file of that name (a figure may read a sweep that
+    only another profile runs: the findings profile's capacity_length)."""
+    return name in profile_experiments(profile)
 
 
 def compose_experiment(profile: str, name: str, overrides=()):

@@ -13,7 +13,9 @@ them alike; only FAVOR+ uses it.
   r = [relu(x), relu(-x)] (2d), then products of r with itself rolled by 1 .. nu positions,
   m = 2 d nu, every entry >= 0.
 - :class:`Favor`: FAVOR+ positive orthogonal random features (Performer), unbiased for
-  exp(q.k).
+  exp(q.k); ``signs="both"`` is the form Schlag, Irie & Schmidhuber (2021) ran (their
+  ``prime``), each random projection w giving two features, exp(+w.x - |x|^2/2) and
+  exp(-w.x - |x|^2/2): their "m = 64" is 64 projections and 128 features.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 NAMES = ("identity", "elu1", "favor", "taylor", "dpfp")
+FAVOR_SIGNS = ("positive", "both")  # features per projection: exp(+w.x - ...) alone, or with exp(-w.x - ...)
 
 
 def identity(x: torch.Tensor, *, is_query: bool = False) -> torch.Tensor:
@@ -56,9 +59,10 @@ def dpfp(x: torch.Tensor, nu: int = 1, *, is_query: bool = False) -> torch.Tenso
     return torch.cat([r * r.roll(j, dims=-1) for j in range(1, nu + 1)], dim=-1)  # (..., 2 d nu)
 
 
-def default_favor_features(d: int) -> int:
-    """m about d ln d (Performer's recommendation), and at least d."""
-    return max(d, round(d * math.log(d))) if d > 1 else 1
+def default_favor_features(d: int, signs: str = "positive") -> int:
+    """m about d ln d (Performer's recommendation), and at least d; even for signs="both"."""
+    m = max(d, round(d * math.log(d))) if d > 1 else 1
+    return m + m % 2 if signs == "both" else m
 
 
 def draw_favor_weights(d: int, m: int, generator: torch.Generator, *, orthogonal: bool = True,
@@ -84,19 +88,22 @@ def draw_favor_weights(d: int, m: int, generator: torch.Generator, *, orthogonal
     return w[0] if draws is None else w
 
 
-def favor_features(x: torch.Tensor, weights: torch.Tensor, *, offset: float = 0.0, is_query: bool = False) -> torch.Tensor:
-    """phi(x) = exp(w.x - |x|^2/2 - offset) / sqrt(m): x (..., d) -> (..., m).
+def favor_features(x: torch.Tensor, weights: torch.Tensor, *, offset: float = 0.0, is_query: bool = False,
+                   signs: str = "positive") -> torch.Tensor:
+    """phi(x) = exp(w.x - |x|^2/2 - offset) / sqrt(m): x (..., d) -> (..., m), m the rows of weights;
+    signs="both": [exp(+w.x - ...), exp(-w.x - ...)] / sqrt(2m), x (..., d) -> (..., 2m).
 
     weights: (m, d), or (draws, m, d) for many independent draws at once (the result then
     leads with the draws, as matmul broadcasts). is_query subtracts each position's own
-    maximum over the m features (see :class:`Favor`).
+    maximum over its features (see :class:`Favor`).
     """
-    m = weights.shape[-2]
     proj = torch.matmul(x, weights.transpose(-1, -2))  # (..., m)
+    if signs == "both":
+        proj = torch.cat([proj, -proj], dim=-1)  # (..., 2m): the + half, then the - half
     expo = proj - 0.5 * x.pow(2).sum(dim=-1, keepdim=True) - offset
     if is_query:
         expo = expo - expo.amax(dim=-1, keepdim=True).detach()  # this position only
-    return torch.exp(expo) / math.sqrt(m)
+    return torch.exp(expo) / math.sqrt(proj.shape[-1])
 
 
 class Favor:
@@ -114,16 +121,26 @@ class Favor:
     (it cancels within that query's row of normalised attention); nothing is ever computed
     across positions, so causality is preserved. Draws are seeded; ``redraw()`` draws new
     projections from the next seed.
+
+    m counts features, the state's key side. ``signs="both"`` draws m / 2 projections and gives
+    each two features, exp(+w.x - |x|^2/2 - c) and exp(-w.x - |x|^2/2 - c), over sqrt(m): the
+    antithetic form, still unbiased for exp(q.k), and the one Schlag et al. (2021) count by its
+    projections (m must be even).
     """
 
     def __init__(self, d: int, m: int | None = None, *, seed: int = 0, orthogonal: bool = True,
-                 offset: float | str = 0.0):
+                 offset: float | str = 0.0, signs: str = "positive"):
         if d < 1:
             raise ValueError(f"d must be >= 1, got {d}")
-        self.d = d
-        self.m = default_favor_features(d) if m is None else int(m)
+        if signs not in FAVOR_SIGNS:
+            raise ValueError(f"signs must be one of {', '.join(FAVOR_SIGNS)}, got {signs!r}")
+        self.d, self.signs = d, signs
+        self.m = default_favor_features(d, signs) if m is None else int(m)
         if self.m < 1:
             raise ValueError(f"m must be >= 1, got {m}")
+        if signs == "both" and self.m % 2:
+            raise ValueError(f"signs='both' gives two features per projection: m must be even, got {self.m}")
+        self.projections = self.m // 2 if signs == "both" else self.m
         if not (offset == "bound" or isinstance(offset, (int, float))):
             raise ValueError(f"offset must be a number or 'bound', got {offset!r}")
         self.orthogonal = orthogonal
@@ -133,7 +150,7 @@ class Favor:
 
     def _draw(self) -> None:
         gen = torch.Generator().manual_seed(self.seed)
-        self.weights = draw_favor_weights(self.d, self.m, gen, orthogonal=self.orthogonal)  # (m, d) float64
+        self.weights = draw_favor_weights(self.d, self.projections, gen, orthogonal=self.orthogonal)  # (p, d) float64
         self.bound = float(self.weights.pow(2).sum(dim=1).max()) / 2.0
         self.offset = self.bound if self.offset_rule == "bound" else float(self.offset_rule)
         self._cast: dict[tuple, torch.Tensor] = {}
@@ -153,15 +170,16 @@ class Favor:
         """(..., d) -> (..., m), all entries > 0 (up to underflow)."""
         if x.shape[-1] != self.d:
             raise ValueError(f"Favor expects last dim {self.d}, got {tuple(x.shape)}")
-        return favor_features(x, self._weights_like(x), offset=self.offset, is_query=is_query)
+        return favor_features(x, self._weights_like(x), offset=self.offset, is_query=is_query, signs=self.signs)
 
     def __repr__(self) -> str:
-        return f"Favor(d={self.d}, m={self.m}, seed={self.seed}, orthogonal={self.orthogonal}, offset={self.offset_rule!r})"
+        return (f"Favor(d={self.d}, m={self.m}, seed={self.seed}, orthogonal={self.orthogonal}, "
+                f"offset={self.offset_rule!r}, signs={self.signs!r})")
 
 
-def feature_map(name: str, d: int, *, m: int | None = None, seed: int = 0, nu: int = 1):
+def feature_map(name: str, d: int, *, m: int | None = None, seed: int = 0, nu: int = 1, signs: str = "positive"):
     """The feature map called ``name`` for inputs of dimension d (a callable, phi(x, is_query=...));
-    m: FAVOR+'s feature count, nu: DPFP's number of shifts."""
+    m: FAVOR+'s feature count and signs its features per projection, nu: DPFP's number of shifts."""
     if name == "dpfp":
         return functools.partial(dpfp, nu=nu)
     if name == "identity":
@@ -171,7 +189,7 @@ def feature_map(name: str, d: int, *, m: int | None = None, seed: int = 0, nu: i
     if name == "taylor":
         return taylor2
     if name == "favor":
-        return Favor(d, m, seed=seed)
+        return Favor(d, m, seed=seed, signs=signs)
     raise ValueError(f"unknown feature map {name!r}; expected one of {NAMES}")
 
 
@@ -180,7 +198,7 @@ def draw_bytes(name: str, d: int, m: int | None = None) -> int:
     (the Gaussian blocks, their QR factors, the rows and their norms); 0 for the fixed maps."""
     if name != "favor":
         return 0
-    m = feature_dim(name, d, m)
+    m = feature_dim(name, d, m)  # projections <= features: the positive form's draw bounds the other's
     blocks = -(-m // d)
     return 8 * (3 * blocks * d * d + 3 * m * d)
 

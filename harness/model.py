@@ -67,6 +67,8 @@ class ModelConfig:
     normalize: Optional[bool] = None  # kernel mixers: divide by phi(q).z; None: the mixer's default (linear: no)
     favor_features: Optional[int] = None  # None: the feature map's default m (about d ln d)
     favor_redraw: str = "never"  # never | step (redraw the random features every training step)
+    favor_signs: str = "positive"  # positive | both (FAVOR+: two features per projection, exp(+-w.x - |x|^2/2))
+    favor_per_dim: Optional[int] = None  # FAVOR+: projections per q/k dimension (Schlag et al.'s m / d_key)
     gate: str = "scalar"  # mamba: scalar (Mamba-2, per head) | per_dim (GLA, per key dimension)
     mamba_heads: int = 4  # mamba: decay heads per q/k head (Mamba-2's heads sharing B and C), each its own dt, A
     retnet_heads: int = 4  # retnet: decay heads per q/k head, each its own gamma over its own slice of v

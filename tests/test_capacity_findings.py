@@ -101,3 +101,30 @@ def test_law_baseline_table_without_a_tolerance_leaves_the_verdict_open():
     assert not got.loc["s", "counted_in_mean"]
     assert got.loc["mean (softmax apart)", "err_law_logodds"] == 0.0
     assert got["law_within_tolerance"].isna().all()
+
+
+def test_a_law_that_loses_is_reported_as_losing_and_a_tie_is_no_win():
+    from analysis.plots.capacity import LAW_MARGIN_LOGODDS, verdict
+
+    m = LAW_MARGIN_LOGODDS
+    assert verdict(0.5, 1.5, 1.2, m) == "law"
+    assert verdict(1.5, 0.8, 1.5, m) == "nominal"                         # elu's quick numbers: the law loses
+    assert verdict(1.0, 1.3, 1.0 + m / 2, m) == "tie"                      # within the margin: no win either way
+    assert verdict(0.54, 1.30, 0.54 + 1e-16, m) == "tie"                   # favor_m16's 1e-16 "win"
+    assert verdict(0.54, 1.30, 0.54, m, identity=True) == "identity"       # the law is the anchored baseline
+    assert verdict(float("nan"), 1.0, 1.0, m) == ""
+
+
+def test_the_table_counts_no_win_where_the_law_is_the_anchored_baseline_by_algebra():
+    rows = pd.DataFrame({"label": ["elu", "retnet"], "config.model.d_model": [8, 8], "summary.family": ["linear", "decay"],
+                         "model": ["elu", "retnet"], "accuracy": [0.5, 0.5], "acc_predicted_from_train": [0.5, 0.5],
+                         "acc_baseline_nominal": [0.2, 0.2], "acc_baseline_anchored": [0.5, 0.3],
+                         "config.analysis.law_margin_logodds": [0.25, 0.25],
+                         "train_stats.law": ["additive", "additive"], "train_stats.kernel_target": [(2.0,), (1.0, 1.0)],
+                         "train_stats.log_decay": [((0.0,),), ((-0.03,), (-0.01,))],
+                         "train_stats.target_write_gain": [(1.0,), (1.0, 1.0)]})
+    got = law_baseline_table(rows).set_index("label")
+    assert got.loc["elu", "law_anchored_by_algebra"] and got.loc["elu", "verdict"] == "identity"
+    assert not got.loc["elu", "law_beats_baseline"]
+    assert not got.loc["retnet", "law_anchored_by_algebra"] and got.loc["retnet", "verdict"] == "law"
+    assert got.loc["retnet", "law_beats_baseline"] and got["margin_logodds"].eq(0.25).all()

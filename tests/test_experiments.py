@@ -124,8 +124,10 @@ def test_the_delta_rule_control_runs_where_it_is_asked(profile, name):
 def test_paper_capacity_has_the_anchor_variants():
     choices = experiment_grid("paper/capacity")["model"]
     nus = {_load(MODELS / f"{c}.yaml").get("dpfp_nu", 1) for c in choices if mixer_of(c) == "dpfp"}
-    features = {_load(MODELS / f"{c}.yaml").get("favor_features") for c in choices if mixer_of(c) == "favor"}
-    assert nus == {1, 2, 3} and {64, 128, 512} <= features
+    # Schlag et al.'s FAVOR+ counted as they count it: 64, 128 and 512 projections at d = 64 (1, 2
+    # and 8 per key dimension), a + and a - feature each
+    favor = [_load(MODELS / f"{c}.yaml") for c in choices if mixer_of(c) == "favor"]
+    assert nus == {1, 2, 3} and {1, 2, 8} <= {f.get("favor_per_dim") for f in favor if f.get("favor_signs") == "both"}
 
 
 def test_the_findings_designs_of_the_anatomy_and_hybrid_figures():

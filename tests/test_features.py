@@ -52,6 +52,34 @@ def test_favor_is_seeded_and_redraws_from_the_next_seed():
     assert torch.equal(a(x), features.Favor(16, 40, seed=4)(x))  # the cast cache follows the redraw
 
 
+def test_favor_both_signs_counts_two_features_per_projection():
+    """Schlag et al.'s form: m / 2 projections, each giving exp(+w.x - |x|^2/2) and exp(-w.x - |x|^2/2)
+    over sqrt(m); the features a state holds are m, the projections Schlag et al. count m / 2."""
+    f = features.Favor(8, 16, seed=2, signs="both")
+    assert f.m == 16 and f.projections == 8 and f.weights.shape == (8, 8)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0), dtype=F64)
+    out = f(x)
+    w, half = f.weights, 0.5 * x.pow(2).sum(-1, keepdim=True)
+    expected = torch.cat([torch.exp(x @ w.T - half), torch.exp(-x @ w.T - half)], -1) / math.sqrt(16)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=0)
+    assert torch.equal(f.weights, features.Favor(8, 8, seed=2).weights), "the same projections as 8 positive ones"
+    assert features.Favor(8, signs="both").m % 2 == 0
+    with pytest.raises(ValueError, match="m must be even"):
+        features.Favor(8, 15, signs="both")
+    with pytest.raises(ValueError, match="signs must be one of positive, both"):
+        features.Favor(8, 16, signs="minus")
+
+
+def test_favor_both_signs_is_unbiased_for_exp_qk():
+    g = torch.Generator().manual_seed(5)
+    d, draws = 8, 3000
+    q, k = (torch.randn(d, generator=g, dtype=F64) * 0.35 for _ in range(2))
+    w = features.draw_favor_weights(d, d, torch.Generator().manual_seed(1), draws=draws)  # (draws, m, d)
+    est = (features.favor_features(q, w, signs="both") * features.favor_features(k, w, signs="both")).sum(-1)
+    stderr = float(est.std()) / math.sqrt(draws)
+    assert abs(float(est.mean()) - math.exp(float(q @ k))) < 4 * stderr  # the tolerance of the positive form's test
+
+
 def test_orthogonal_blocks_with_chi_norms():
     d, blocks = 16, 400
     w = features.Favor(d, d * blocks, seed=1).weights
@@ -208,3 +236,30 @@ def test_dpfp_kernel_dimension():
     assert theory.dpfp_effective_dim(64, 1) < theory.dpfp_effective_dim(64, 2) < theory.dpfp_effective_dim(64, 3)
     with pytest.raises(ValueError, match="1 <= nu < d"):
         theory.dpfp_effective_dim(4, 4)
+
+
+DRAW_DIGEST = """
+import hashlib, torch
+from harness import features
+# the sizes the capacity sweeps draw: d_key 8 with 8-64 features (quick), 4-16 with their projections (findings)
+sizes = [(4, 4), (4, 8), (8, 8), (8, 16), (8, 64), (16, 16), (16, 32)]
+blob = b"".join(features.Favor(d, m, seed=s).weights.float().numpy().tobytes() for d, m in sizes for s in range(40))
+print(hashlib.sha1(blob).hexdigest())
+"""
+
+
+def test_the_draw_a_model_uses_is_the_same_whatever_the_threads_and_kernels():
+    """FAVOR+'s projections, as the model casts them to float32, bit for bit under one or two threads,
+    torch's default kernels instead of AVX2, and MKL's compatible code path (which stands in for
+    another CPU's): the draw is not what moved FAVOR+ between machines. (The float64 draw itself
+    differs at 1e-16 with MKL's threads at d = 64 and with its code path; the cast removes that at
+    these sizes.)"""
+    import os
+    import subprocess
+    import sys
+
+    settings = [{"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"},
+                {"ATEN_CPU_CAPABILITY": "default"}, {"MKL_CBWR": "COMPATIBLE"}]
+    digests = {subprocess.run([sys.executable, "-c", DRAW_DIGEST], env={**os.environ, **env}, capture_output=True,
+                              text=True, check=True).stdout.strip() for env in settings}
+    assert len(digests) == 1, digests

@@ -224,6 +224,8 @@ def test_snr_law_and_the_trained_law_out_of_sample(drawn, frames):
     for model in ("linear", "elu", "favor"):
         assert fits.loc[("untrained probe", model), "slope"] == pytest.approx(1.0, abs=0.1)
     assert fits.loc[("trained", "favor m=64"), "prefactor"] == pytest.approx(0.6)
+    # the slope read as SNR ~ N^exponent at a fixed d, beside the law's -1/2
+    assert (fits["exponent_in_n"] == -fits["slope"] / 2).all() and (fits["law_exponent_in_n"] == -0.5).all()
     oos = out_of_sample_points(frames["snr"])
     assert len(oos) and not (oos["test_n"] == oos["train_n"]).any()           # never the training N
     assert (oos["config.trainer.lr"] == 3e-3).all()                           # the capacity figure's choice
@@ -488,8 +490,10 @@ def test_missing_sweeps_are_run_then_plotted(profile, tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(pipeline.subprocess, "run", fake_run)
     monkeypatch.setattr(pipeline, "save_figure", drawn)
-    # quick: every figure; paper: a subset, to check the experiment names at less cost.
-    chosen = NAMES if profile == "quick" else ["capacity", "snr", "state_vs_kv", "cost"]
+    # quick: every figure whose sweep the profile has (the law figure's is the findings profile's);
+    # paper: a subset, to check the experiment names at less cost.
+    chosen = [s.name for s in figures.FIGURES if s.experiment is None or pipeline.in_profile("quick", s.experiment)] \
+        if profile == "quick" else ["capacity", "snr", "state_vs_kv", "cost"]
     # the fixture's capacity sweep holds every job of the quick grid, not of the paper's: there it
     # is an unfinished sweep, and is run again
     unfinished = [] if pipeline.sweep_complete(root, "capacity", profile) else ["capacity"]

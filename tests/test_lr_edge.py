@@ -3,8 +3,11 @@ sweep at the next rate out, and its runs are marked lr_extended in the loaded fr
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from analysis import figures, lr_edge
 from analysis.loader import load_all
@@ -88,6 +91,31 @@ def test_the_pilot_chooses_a_rate_per_mixer_on_validation(tmp_path):
     assert lr_edge.chosen_overrides(3e-3, "8", ["softmax"]) == ["model=softmax", "trainer.lr=0.003", "model.d_model=8"]
 
 
+def test_the_pilot_passes_over_a_rate_whose_rounding_twins_end_apart():
+    """A rate at which a 1e-6 perturbation of the initial weights moves the final validation loss
+    by more than lr_edge.ROUNDING_GAP is not chosen, however well it scores, while another holds."""
+    def row(lr, seed, jitter, score, loss):
+        overrides = {"model": "favor", "trainer.lr": f"{lr:g}", "seed": str(seed)}
+        if jitter:
+            overrides[lr_edge.JITTER_KEY] = str(jitter)
+        return {"overrides": overrides, "lr": lr, "score": score, "val_loss": loss}
+
+    rows = [row(1e-2, 0, 0, 0.50, 1.70), row(1e-2, 0, 1e-6, 0.50, 1.70 + 4e-5),
+            row(3e-2, 0, 0, 0.62, 1.60), row(3e-2, 0, 1e-6, 0.55, 1.75)]
+    choices = {r["lr"]: r for r in lr_edge.pilot_choices(rows)}
+    assert choices[3e-2]["rounding_sensitive"] and choices[3e-2]["rounding_gap"] == pytest.approx(0.15)
+    assert not choices[1e-2]["rounding_sensitive"] and choices[1e-2]["rounding_gap"] == pytest.approx(4e-5)
+    assert choices[1e-2]["chosen"] and not choices[3e-2]["chosen"]
+    assert choices[3e-2]["val_accuracy"] == pytest.approx(0.585)  # both twins are runs of the rate
+    # where every rate is sensitive, the best is chosen and says so; without twins nothing is known
+    rows[1]["val_loss"] = 1.9
+    both = {r["lr"]: r for r in lr_edge.pilot_choices(rows)}
+    assert both[3e-2]["chosen"] and both[3e-2]["rounding_sensitive"] and both[1e-2]["rounding_sensitive"]
+    alone = lr_edge.pilot_choices([rows[0], rows[2]])
+    assert all(math.isnan(r["rounding_gap"]) and not r["rounding_sensitive"] for r in alone)
+    assert next(r for r in alone if r["chosen"])["lr"] == 3e-2
+
+
 def test_the_experiment_runs_each_mixer_at_its_pilot_rate(tmp_path, monkeypatch):
     """capacity has a pilot (capacity_rates.yaml) and one rate: the pipeline runs the pilot, writes
     its choices, then one capacity sweep per chosen rate with that rate's mixers."""
@@ -110,3 +138,14 @@ def test_the_experiment_runs_each_mixer_at_its_pilot_rate(tmp_path, monkeypatch)
     assert len(rest) == 2 and "model=deltanet trainer.lr=0.003" in rest[0] and "model=elu trainer.lr=0.01" in rest[1]
     assert "/capacity/lr_0.003" in rest[0].replace("\\", "/")
     assert (tmp_path / "capacity_rates" / "chosen_rates.csv").read_text().count("\n") == 5
+
+
+def test_a_sweep_the_profile_does_not_have_is_left_out(tmp_path, capsys):
+    """A figure may read a sweep only another profile runs: the quick profile runs nothing for it."""
+    from analysis import pipeline
+
+    calls = []
+    assert pipeline.run_missing_sweeps(tmp_path, ["no_such_sweep"], "quick",
+                                       lambda cmd, check=False: calls.append(cmd)) == []
+    assert calls == [] and "the quick profile has no such experiment" in capsys.readouterr().err
+    assert pipeline.in_profile("quick", "capacity") and pipeline.in_profile("paper", "capacity")

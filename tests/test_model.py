@@ -442,6 +442,19 @@ def test_favor_redraw_each_training_step():
     assert not torch.equal(c, d)
 
 
+def test_favor_counts_features_per_key_dimension_and_sign():
+    """model.favor_per_dim counts Schlag et al.'s projections per q/k dimension; favor_signs=both
+    gives each two features, so the state's key side is twice the projections."""
+    both = build(name="favor", qk_dim=4, favor_per_dim=2, favor_signs="both")
+    mixer = both.layers[0].mixer
+    assert mixer.d_key == both.d_key == 16 and mixer.phi.m == 16 and mixer.phi.projections == 8
+    assert build(name="favor", qk_dim=4, favor_per_dim=2).d_key == 8
+    assert build(name="favor", qk_dim=4, favor_features=12, favor_signs="both").layers[0].mixer.phi.projections == 6
+    x = tokens()
+    with torch.no_grad():
+        assert torch.isfinite(both(x)).all()
+
+
 def test_favor_features_survive_a_checkpoint():
     """The features are a function of their seed; the seed travels in the state_dict."""
     model = build(name="favor", favor_redraw="step").train()
@@ -475,6 +488,10 @@ def test_sequence_longer_than_max_raises():
         (dict(eps=0.0), "model.eps must be a positive number"),
         (dict(dropout=1.0), r"model.dropout must be a number in \[0, 1\)"),
         (dict(favor_features=0), "model.favor_features must be a positive integer or null"),
+        (dict(name="favor", favor_signs="minus"), "unknown model.favor_signs 'minus'"),
+        (dict(name="favor", favor_per_dim=0), "model.favor_per_dim must be a positive integer or null"),
+        (dict(name="favor", favor_per_dim=2, favor_features=16), "both count FAVOR\\+'s features: set one"),
+        (dict(name="favor", favor_signs="both", favor_features=15), "must be even with model.favor_signs=both"),
         (dict(decay=1.0), r"model.decay must be a number in \(0, 1\) or null, got 1.0"),
         (dict(decay=0.0), "model.decay must be a number in"),
         (dict(name="swa", window=0), "model.window must be a positive integer or null, got 0"),

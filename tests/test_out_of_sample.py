@@ -193,3 +193,48 @@ def test_a_decay_law_beats_the_flat_baselines_where_the_decay_matters(measured):
     law = predict_from_train(stats, layout(n))["acc_predicted_from_train"]
     base = predict_baselines(stats, layout(n))
     assert abs(law - want) < min(abs(base[k] - want) for k in base), (law, base, want)
+
+
+def test_statistics_come_back_from_their_record(measured):
+    """results.json holds TrainStats.as_dict(), NaN written as null: from_record returns them."""
+    import json
+
+    for name in ("linear", "deltanet"):
+        stats, _ = measured[name]
+        record = json.loads(json.dumps(stats.as_dict()).replace("NaN", "null"))
+        back = TrainStats.from_record({"status": "ok", **record})
+        for field in dataclasses.fields(TrainStats):
+            mine, theirs = getattr(back, field.name), getattr(stats, field.name)
+            assert mine == theirs or (isinstance(mine, float) and math.isnan(mine) and math.isnan(theirs)), field.name
+
+
+@pytest.mark.parametrize("name", ["linear", "deltanet"])
+def test_a_wider_key_side_is_predicted_by_the_law_alone(measured, name):
+    """at_key_width(r): the law's SNR^2 at the same reads r times the measured one (d_kernel, or the
+    delta rule's d_delta, in proportion); the nominal baseline at r d_key; the anchored baseline,
+    which knows no width, unchanged. So the three part where the width changes."""
+    stats, _ = measured[name]
+    reads = layout(TRAIN_N)
+    wide = stats.at_key_width(2.0)
+    assert wide.d_key == 2 * stats.d_key and wide.snr_readout == stats.snr_readout
+    base, twice = predict_baselines(stats, reads), predict_baselines(wide, reads)
+    assert twice["acc_baseline_anchored"] == base["acc_baseline_anchored"]
+    assert twice["acc_baseline_nominal"] > base["acc_baseline_nominal"]
+    law, law2 = (predict_from_train(s, reads)["snr_predicted_from_train"] for s in (stats, wide))
+    if name == "linear":
+        assert law2 ** 2 == pytest.approx(2 * law ** 2, rel=1e-12)
+    else:  # the delta law is not linear in d_delta, but grows with it
+        assert law2 > law and wide.d_delta == 2 * stats.d_delta
+
+
+def test_the_law_is_the_anchored_baseline_where_the_algebra_says_so(measured):
+    """One additive head without decay: the law out of sample is the anchored baseline to rounding
+    (anchored_by_algebra), so no win can be read from it; with a decay the two part."""
+    linear, retnet = measured["linear"][0], measured["retnet"][0]
+    assert linear.anchored_by_algebra and not retnet.anchored_by_algebra and not measured["deltanet"][0].anchored_by_algebra
+    for n in TEST_NS:
+        law = predict_from_train(linear, layout(n))["acc_predicted_from_train"]
+        assert law == pytest.approx(predict_baselines(linear, layout(n))["acc_baseline_anchored"], rel=1e-12, abs=1e-12)
+    n = TEST_NS[-1]
+    assert abs(predict_from_train(retnet, layout(n))["acc_predicted_from_train"]
+               - predict_baselines(retnet, layout(n))["acc_baseline_anchored"]) > 0.01

@@ -437,6 +437,45 @@ def test_interference_queries_seq_len_and_sweep():
     assert big.inputs.shape == (4, 224)
 
 
+def test_interference_schlag_key_regime():
+    """Schlag's regime: a sequence's N keys are distinct and drawn from the S = num_keys tokens
+    [1, S] (every key of the set in every sequence where S = N), so S can sit below the width."""
+    cfg = interference.Config(num_pairs=6, vocab_size=160, key_regime="schlag")
+    interference.validate(cfg)
+    batch = interference.make_batch(cfg, 64, seed=3)
+    keys = _interference_checks(cfg, batch)[..., 0]
+    assert torch.equal(keys.sort(1).values, torch.arange(1, 7).expand(64, 6)), "S = N: every key, once"
+    assert len({tuple(r) for r in keys.tolist()}) > 32, "in a random order per sequence"
+    shared = interference.make_batch(dataclasses.replace(cfg, key_regime="shared"), 64, seed=3)
+    assert shared.inputs[:, 0:12:2].max() > 6, "the shared regime draws from the whole key half"
+    # a larger key set: N distinct keys of the S, different subsets across sequences
+    wide = dataclasses.replace(cfg, num_pairs=4, num_keys=12, test_num_pairs=[2, 4, 12])
+    interference.validate(wide)
+    sub = _interference_checks(wide, interference.make_batch(wide, 64, seed=0))[..., 0]
+    assert sub.max() <= 12 and sub.min() >= 1 and len({frozenset(r) for r in sub.tolist()}) > 8
+    # evaluation settings keep the training setting's key set (S = the training N when null)
+    settings = interference.eval_settings(dataclasses.replace(cfg, num_pairs=8, test_num_pairs=[2, 8]))
+    assert [(s.num_pairs, s.num_keys) for s in settings] == [(2, 8), (8, 8)]
+    test = interference.make_batch(settings[0], 64, seed=0, split="test")
+    assert _interference_checks(settings[0], test)[..., 0].max() <= 8
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(key_regime="schlag", test_num_pairs=[4, 8]), r"test num_pairs=8 distinct keys cannot be drawn from "
+                                                      r"key_regime=schlag's 4 keys"),
+    (dict(key_regime="schlag", num_keys=3), r"num_pairs=4 distinct keys cannot be drawn"),
+    (dict(key_regime="schlag", num_keys=40), r"num_keys=40 keys do not fit in the key half \[1, 32\)"),
+    (dict(key_regime="schlag", key_len=2), r"key_regime=schlag takes single-token keys"),
+    (dict(key_regime="schlag", num_keys=0), r"num_keys must be >= 1"),
+    (dict(num_keys=8), r"num_keys=8 sets the key set of key_regime=schlag"),
+    (dict(key_regime="vocab"), r"key_regime must be one of shared, schlag, got 'vocab'"),
+])
+def test_interference_key_regime_refusals(kwargs, message):
+    with pytest.raises(ValueError, match=message) as err:
+        interference.validate(interference.Config(num_pairs=4, vocab_size=64, **kwargs))
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(key_overlap=0.5), r"key_overlap=0.5 needs key_len >= 2"),
     (dict(key_overlap=1.0, key_len=2), r"key_overlap must be in \[0, 1\)"),

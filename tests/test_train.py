@@ -51,6 +51,29 @@ def test_training_is_deterministic_on_cpu(tmp_path):
     assert a["summary"]["loss"] != c["summary"]["loss"]
 
 
+def test_init_jitter_perturbs_every_weight_by_its_size_and_nothing_else(tmp_path):
+    """trainer.init_jitter moves each initial weight by about that fraction of itself, the same way
+    every time; a run and its jittered twin differ, at 0 nothing is drawn."""
+    from harness.model import LanguageModel, ModelConfig
+    from harness.train.loop import jitter_weights
+
+    def model():
+        torch.manual_seed(0)
+        return LanguageModel(ModelConfig(name="elu", d_model=16), vocab_size=32, max_seq_len=16)
+
+    plain, a, b = model(), model(), model()
+    jitter_weights(a, 1e-6, seed=3)
+    jitter_weights(b, 1e-6, seed=3)
+    pairs = list(zip(plain.parameters(), a.parameters(), b.parameters()))
+    assert all(torch.equal(x, y) for _, x, y in pairs)
+    moved = torch.cat([((x - p) / p).flatten()[p.flatten() != 0] for p, x, _ in pairs])
+    assert 3e-7 < float(moved.abs().mean()) < 3e-6 and float(moved.abs().max()) < 1e-5
+    twin = run(tmp_path / "twin", "model=elu", "seed=3", "trainer.init_jitter=1e-6")
+    same = run(tmp_path / "same", "model=elu", "seed=3")
+    assert twin["summary"]["loss"] != same["summary"]["loss"]
+    assert twin["summary"]["loss"] == pytest.approx(same["summary"]["loss"], abs=1e-3)
+
+
 def test_softmax_learns_default_recall_well_above_chance(tmp_path):
     res = run(tmp_path, "task=recall", "model=softmax", "task.num_queries=56", "trainer.max_steps=500",
               "trainer.batch_size=32", "trainer.eval_every=100", "trainer.eval_examples=128",

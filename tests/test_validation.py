@@ -105,6 +105,8 @@ CASES = [
     (["task=interference", "task.key_len=2", "task.key_overlap=1"], "key_overlap", "must be in [0, 1)"),
     (["task=interference", "task.num_pairs=300"], "num_pairs", "distinct key tokens"),
     (["task=interference", "task.seq_len=10"], "seq_len", "need 48 positions, seq_len=10"),
+    (["task=interference", "task.key_regime=schlag", "task.test_num_pairs=[16,32]"], "num_pairs",
+     "test num_pairs=32 distinct keys cannot be drawn from key_regime=schlag's 16 keys"),
 ]
 
 
@@ -176,6 +178,22 @@ def test_window_leaves_the_hashes_of_existing_runs_unchanged():
     assert config_hash(tree) == config_hash(cfg)
     swa = compose_config(["model=swa", "logger=none"])
     assert hashed_items(flat_config(swa))["model.window"] == 32
+
+
+def test_key_regime_leaves_the_hashes_of_existing_interference_runs_unchanged():
+    """task.key_regime and task.num_keys (added after the capacity results were first written)
+    stay out of the hash at their defaults, and enter it once set."""
+    from omegaconf import OmegaConf
+
+    from harness.config.digest import config_hash, flat_config, hashed_items
+
+    cfg = compose_config(["task=interference", "logger=none"])
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    del tree["task"]["key_regime"], tree["task"]["num_keys"]  # the config before the fields existed
+    assert config_hash(tree) == config_hash(cfg)
+    schlag = compose_config(["task=interference", "task.key_regime=schlag", "logger=none"])
+    assert hashed_items(flat_config(schlag))["task.key_regime"] == "schlag"
+    assert config_hash(schlag) != config_hash(cfg)
 
 
 def test_a_run_validates_its_config_and_model_once(tmp_path, monkeypatch):

@@ -21,10 +21,16 @@ Every point: each seed drawn, the mean, and an interval only from five seeds (an
 A point with a seed that ended at trainer.max_steps is a lower bound (capacity_protocol.csv's
 lower_bound, hollow in the figure): no ranking is read from it, and a break point that rests on
 one says so (n50_lower_bound). capacity_n50.csv gives Schlag's criterion beside N at 50%
-(n_recalled: the largest N recalled at RECALL_THRESHOLD) and the out-of-sample law's mean error
-beside its two naive baselines' (harness.measure.out_of_sample.predict_baselines), in accuracy
-and log-odds, softmax apart (capacity_law_baseline.csv); capacity_stops.csv the share of runs
-stopped on their validation plateau.
+(n_recalled: the largest N recalled at RECALL_THRESHOLD), the break rather than the ceiling
+(n_break: BREAK_RULE), and, where a wide model's key width was set apart (model.qk_dim below
+d_model: the findings profile), N at 50% against the key width (analysis.plots.capacity_keys:
+its exponent, the largest-over-next ratio and the wide-over-narrow confound, each with an
+interval); the out-of-sample law's mean error beside its two naive baselines'
+(harness.measure.out_of_sample.predict_baselines), in accuracy and log-odds, softmax apart, with
+a verdict that needs a margin (capacity_law_baseline.csv); capacity_stops.csv the share of runs
+stopped on their validation plateau; capacity_control.csv softmax at every N of each width (the
+control with no fixed state: below CONTROL_CEILING the width's curves measure the embedding).
+A run's curve is labelled by its key width where that varies in its sweep ("elu qk_dim=4").
 Every mixer the sweep ran is drawn (harness.config.mixers); its variants (dpfp ν, FAVOR+
 features, the additive control) are told apart by the options that vary (analysis.plots.labels).
 """
@@ -44,23 +50,35 @@ from analysis.plots.common import (STOP, WIDTH, caption, draw_estimates, figure,
                                    legend_outside, log2_axis, loglog_slope, lr_heatmap, mark_lower_bounds, new_figure,
                                    note, plain_log_axes, require, retrieval_heads, select_on_validation, setting_values,
                                    table, with_stop_flags)
+from analysis.plots.capacity_keys import key_width_table
 from analysis.plots.reference import SCHLAG_BREAKS, SCHLAG_D_KEY
+from harness.measure.out_of_sample import anchored_by_algebra
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
-    FigureSpec("capacity", "capacity", "capacity_figure", notebook="nb_capacity",
+    # capacity_narrow: the findings profile's narrow model beside its wide one (no such quick sweep)
+    FigureSpec("capacity", "capacity", "capacity_figure", also=("capacity_narrow",), notebook="nb_capacity",
                tables=("capacity_per_lr", "capacity_n50", "capacity_schlag", "capacity_protocol",
                        "capacity_extrapolation", "capacity_families", "capacity_stops", "capacity_law_baseline",
-                       "capacity_ranking")),
+                       "capacity_ranking", "capacity_control")),
 )
 
 TRAIN_N = "config.task.num_pairs"
+QK = "config.model.qk_dim"  # a wide model's key width set apart from its width: an axis, not a variant
 POINT = ["label", WIDTH, "train_n"]   # one trained model family: the learning rate is chosen per point
 FROM_TRAIN = "acc_predicted_from_train"
 READOUT = "acc_readout_trained"
 STATE = "summary.state_elements_per_layer"
+# softmax, with no fixed state, is the control: where it falls below this at a width, that
+# width's curves measure its embedding as well as the mixers' states
+CONTROL_CEILING = 0.98
 # Schlag et al.'s criterion: the largest N still recalled, read at this accuracy (beside N at 50%)
 RECALL_THRESHOLD = 0.9
+# The break, not the ceiling: the largest N still recalled at this fraction of the mixer's own
+# accuracy at its smallest N, so a model that never reaches 0.9 (a narrow embedding) still has one
+BREAK_FRACTION = 0.99
+BREAK_RULE = (f"n_break: the largest N whose mean accuracy is at least {BREAK_FRACTION} x the mixer's own at "
+              f"its smallest N (every smaller N too)")
 
 
 def capacity_points(data: pd.DataFrame) -> pd.DataFrame:
@@ -76,8 +94,17 @@ def capacity_points(data: pd.DataFrame) -> pd.DataFrame:
     rows = require(rows, ["model", "value", "accuracy"], "interference-task accuracy by num_pairs")
     if WIDTH not in rows.columns:
         rows = rows.assign(**{WIDTH: np.nan})
-    rows = with_stop_flags(rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan))
-    return labelled(rows)
+    rows = with_stop_flags(rows.assign(train_n=rows[TRAIN_N] if TRAIN_N in rows.columns else np.nan,
+                                       qk_dim=key_width(rows)))
+    base = labelled(rows, exclude=(WIDTH, QK))["label"]  # the mixer whatever its key width
+    return labelled(rows).assign(base_label=base)
+
+
+def key_width(rows: pd.DataFrame) -> pd.Series:
+    """Each row's per-head q/k width: config.model.qk_dim where set, else d_model / n_heads."""
+    heads = rows["config.model.n_heads"] if "config.model.n_heads" in rows.columns else 1
+    own = pd.to_numeric(rows[WIDTH], errors="coerce") / heads
+    return pd.to_numeric(rows[QK], errors="coerce").fillna(own) if QK in rows.columns else own
 
 
 def capacity_selected(data: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -178,6 +205,14 @@ def recalled_n(n, accuracy, threshold: float = RECALL_THRESHOLD) -> float:
     return float(held[-1]) if len(held) else math.nan
 
 
+def break_n(n, accuracy, fraction: float = BREAK_FRACTION) -> float:
+    """The break, not the ceiling (BREAK_RULE): the largest N whose mean accuracy is still at
+    least ``fraction`` of the mean at the smallest N tested, every smaller N too."""
+    curve = pd.Series(np.asarray(accuracy, float), index=np.asarray(n, float)).groupby(level=0).mean().sort_index()
+    curve = curve.dropna()
+    return recalled_n(curve.index, curve.to_numpy(), fraction * curve.iloc[0]) if len(curve) else math.nan
+
+
 def rests_on_lower_bounds(n, lower_bound, break_n: float) -> bool:
     """Whether a break point read at ``break_n`` rests on a run that ended at max_steps: any such
     run at N <= the first tested N past the break (their accuracy could be higher, the break
@@ -209,6 +244,12 @@ def stop_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 SOURCES = {"law": FROM_TRAIN, "nominal": "acc_baseline_nominal", "anchored": "acc_baseline_anchored"}
 TOLERANCE = "config.analysis.law_tolerance_logodds"  # written in the experiment before its runs
+# A win is a mean |error| under the better baseline's by more than this many nats of log-odds
+# (config.analysis.law_margin_logodds where the experiment states it): a tie within it is no win.
+# 0.25 nats is about three standard errors of a five-seed mean accuracy near 0.5.
+MARGIN = "config.analysis.law_margin_logodds"
+LAW_MARGIN_LOGODDS = 0.25
+STATS = "train_stats."
 FLOOR = 0.005  # log-odds clip where a row does not say how many queries it counted
 
 
@@ -264,31 +305,71 @@ def law_errors(points: pd.DataFrame) -> pd.DataFrame:
     return points.assign(**extra)
 
 
+def stated(rows: pd.DataFrame, column: str, default: float = math.nan) -> float:
+    """A number the experiment fixed before its runs (config.analysis.*), else ``default``."""
+    return float(rows[column].dropna().iloc[0]) if column in rows.columns and rows[column].notna().any() else default
+
+
+def law_is_anchored(rows: pd.DataFrame) -> pd.Series:
+    """Per row, whether its run's law is the anchored baseline by algebra
+    (harness.measure.out_of_sample.anchored_by_algebra of its train_stats); False where the run
+    recorded none."""
+    names = ("law", "kernel_target", "log_decay", "target_write_gain")
+    if not all(f"{STATS}{n}" in rows.columns for n in names):
+        return pd.Series(False, index=rows.index)
+    return pd.Series([isinstance(r[f"{STATS}law"], str) and anchored_by_algebra(*(r[f"{STATS}{n}"] for n in names))
+                      for _, r in rows.iterrows()], index=rows.index, dtype=bool)
+
+
+def verdict(err_law: float, err_nominal: float, err_anchored: float, margin: float, identity: bool = False) -> str:
+    """Who predicted better, in mean |log-odds error|: "law" where its error is under the better
+    baseline's by more than ``margin``, "nominal" or "anchored" where that baseline's is under the
+    law's by more than it, "tie" otherwise; "identity" where the law is the anchored baseline by
+    algebra (no contest); "" where an error is missing."""
+    if identity:
+        return "identity"
+    errors = {"nominal": err_nominal, "anchored": err_anchored}
+    if not all(np.isfinite([err_law, *errors.values()])):
+        return ""
+    best = min(errors, key=errors.get)
+    if err_law + margin < errors[best]:
+        return "law"
+    if errors[best] + margin < err_law:
+        return best
+    return "tie"
+
+
 def law_baseline_table(points: pd.DataFrame) -> pd.DataFrame:
     """Per mixer and width: the mean |error| of the law and of each baseline over its
-    out-of-sample settings (accuracy and log-odds), whether the law beats the better baseline
-    in log-odds, whether it is within the experiment's tolerance, and counted_in_mean (False for
-    softmax, whose prediction sits at the ceiling: reported apart); then one row, label "mean
-    (softmax apart)", over the mixers counted."""
+    out-of-sample settings (accuracy and log-odds), the verdict (``verdict``: a win needs a margin
+    of margin_logodds), law_beats_baseline (the verdict is "law"), law_anchored_by_algebra (its
+    runs' law is the anchored baseline by construction: no win is counted), whether it is within
+    the experiment's tolerance, and counted_in_mean (False for softmax, whose prediction sits at
+    the ceiling: reported apart); then one row, label "mean (softmax apart)", over the mixers
+    counted."""
     if points.empty:
         return pd.DataFrame(columns=["label", WIDTH, "settings", "law_beats_baseline"])
-    errors = law_errors(points)
+    errors = law_errors(points).assign(_identity=law_is_anchored(points))
     cols = [c for c in errors.columns if c.startswith("err_")]
-    tol = float(errors[TOLERANCE].dropna().iloc[0]) if TOLERANCE in errors.columns and errors[TOLERANCE].notna().any() \
-        else math.nan
+    tol = stated(errors, TOLERANCE)
+    margin = stated(errors, MARGIN, LAW_MARGIN_LOGODDS)
     rows = []
     for (label, width), grp in errors.groupby(["label", WIDTH], dropna=False):
         row = {"label": label, WIDTH: width, "family": _family(grp.iloc[0]), "settings": len(grp),
-               **{c: float(grp[c].mean()) for c in cols}}
+               **{c: float(grp[c].mean()) for c in cols}, "law_anchored_by_algebra": bool(grp["_identity"].all())}
         rows.append(row)
     out = pd.DataFrame(rows)
     out["counted_in_mean"] = out["family"] != "softmax"
     counted = out[out["counted_in_mean"]]
     mean = {"label": "mean (softmax apart)", WIDTH: math.nan, "family": "", "settings": int(counted["settings"].sum()),
-            **{c: float(counted[c].mean()) for c in cols}, "counted_in_mean": False}
+            **{c: float(counted[c].mean()) for c in cols}, "counted_in_mean": False,
+            "law_anchored_by_algebra": bool(counted["law_anchored_by_algebra"].all()) if len(counted) else False}
     out = pd.concat([out, pd.DataFrame([mean])], ignore_index=True)
-    baseline = out[["err_nominal_logodds", "err_anchored_logodds"]].min(axis=1, skipna=True)
-    out["law_beats_baseline"] = (out["err_law_logodds"] < baseline).where(out["err_law_logodds"].notna() & baseline.notna())
+    out["margin_logodds"] = margin
+    out["verdict"] = [verdict(r.get("err_law_logodds", math.nan), r.get("err_nominal_logodds", math.nan),
+                              r.get("err_anchored_logodds", math.nan), margin, r["law_anchored_by_algebra"])
+                      for _, r in out.iterrows()]
+    out["law_beats_baseline"] = (out["verdict"] == "law").where(out["verdict"] != "")
     out["tolerance_logodds"] = tol
     out["law_within_tolerance"] = (out["err_law_logodds"] <= tol).where(np.isfinite(tol) & out["err_law_logodds"].notna())
     return out
@@ -319,6 +400,7 @@ def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame, readout
             if readout is not None and len(readout) else pd.DataFrame()
         per_n = half_point(proto["value"], proto["accuracy"]) if len(proto) else math.nan
         recalled = recalled_n(proto["value"], proto["accuracy"]) if len(proto) else math.nan
+        broke = break_n(proto["value"], proto["accuracy"]) if len(proto) else math.nan
         lower = proto["lower_bound"] if "lower_bound" in proto.columns else np.zeros(len(proto), bool)
         measured = half_point(extra["value"], extra["accuracy"]) if len(extra) else math.nan
         expected = half_point(pred["value"], pred["predicted"]) if len(pred) else math.nan
@@ -327,11 +409,14 @@ def half_capacity_table(selected: pd.DataFrame, predicted: pd.DataFrame, readout
             if stats.SEED in proto.columns else {}
         est = stats.estimate(list(seeds.values())) if all(np.isfinite(list(seeds.values()))) else None
         first = grp.iloc[0]
-        row = {"label": label, "model": first["model"], "family": _family(first), WIDTH: width,
+        row = {"label": label, "base_label": first.get("base_label", label), "model": first["model"],
+               "family": _family(first), WIDTH: width, "qk_dim": _median(grp, "qk_dim"),
                "d_head": _median(grp, "summary.d_head"), "reference_n": ref,
                "n50_per_n": per_n, "n50_lower_bound": rests_on_lower_bounds(proto["value"], lower, per_n),
                "recall_threshold": RECALL_THRESHOLD, "n_recalled": recalled,
                "n_recalled_lower_bound": rests_on_lower_bounds(proto["value"], lower, recalled),
+               "break_fraction": BREAK_FRACTION, "n_break": broke,
+               "n_break_lower_bound": rests_on_lower_bounds(proto["value"], lower, broke),
                "n50_extrapolation": measured, "n50_predicted": expected,
                "n50_readout": read_out,
                "ratio_predicted_to_extrapolation": _ratio(expected, measured),
@@ -471,9 +556,14 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     half = half_capacity_table(selected, predicted, readout, ref)
     versus = law_baseline_table(out_of_sample_rows(data, set(selected["run_dir"])))
     if len(versus):
-        keep = [c for c in versus.columns if c.startswith("err_")] + ["law_beats_baseline", "law_within_tolerance",
-                                                                        "tolerance_logodds", "counted_in_mean"]
+        keep = [c for c in versus.columns if c.startswith("err_")] + ["verdict", "law_beats_baseline",
+                                                                        "law_anchored_by_algebra", "margin_logodds",
+                                                                        "law_within_tolerance", "tolerance_logodds",
+                                                                        "counted_in_mean"]
         half = half.merge(versus[["label", WIDTH, *keep]], on=["label", WIDTH], how="left")
+    keys = key_width_table(half)
+    if len(keys):
+        half = half.merge(keys, on="base_label", how="left")
     fits = family_fits(half)
 
     fig, axes = new_figure(2, 3, panel=(3.6, 3.1), legend=2.2)
@@ -530,12 +620,25 @@ def capacity_figure(data, reference: float | None = None) -> Figure:
     share = stops[stops["label"] == "all"]["plateau_share"]
     caption(fig, "Capacity: one model per N, and the extrapolation from one N", proto_pts, extra_pts,
             extra=f"{_share_text(share)}; hollow: a point with a seed that ended at max_steps (a lower bound: no "
-                  f"break point or ranking is read from it); N recalled: the largest N at accuracy >= {RECALL_THRESHOLD}")
+                  f"break point or ranking is read from it); N recalled: the largest N at accuracy >= {RECALL_THRESHOLD}; "
+                  f"{BREAK_RULE}; a wide model's curves are labelled by their key width (qk_dim), and capacity_n50.csv "
+                  f"sets their N at 50% against it")
     protocol_csv = proto_pts.rename(columns={"value": "num_pairs"})
     extra_csv = extra_pts.rename(columns={"value": "test_num_pairs"}).assign(train_num_pairs=ref)
     fig.tables = {"capacity_per_lr": per_lr, "capacity_n50": half, "capacity_schlag": schlag,
                   "capacity_protocol": protocol_csv, "capacity_extrapolation": extra_csv,
                   "capacity_families": fits, "capacity_stops": stops, "capacity_law_baseline": versus,
                   "capacity_ranking": stats.ranking(proto_pts[~proto_pts["lower_bound"].astype(bool)],
-                                                    within=[WIDTH, "value"])}
+                                                    within=[WIDTH, "value"]),
+                  "capacity_control": control_table(protocol_csv, selected)}
     return fig
+
+
+def control_table(points: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
+    """softmax's points of the protocol (no fixed state: the control) at each width and N, with
+    below_ceiling where its mean falls under CONTROL_CEILING: there the width's curves measure the
+    embedding too. Empty where softmax did not run."""
+    runs = selected.drop_duplicates("label")
+    softmax = set(runs.loc[[_family(run) == "softmax" for _, run in runs.iterrows()], "label"])
+    rows = points[points["label"].isin(softmax)]
+    return rows.assign(ceiling=CONTROL_CEILING, below_ceiling=rows["mean"] < CONTROL_CEILING)

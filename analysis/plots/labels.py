@@ -24,8 +24,10 @@ MODEL_PREFIX = "config.model."
 WIDTH = "config.model.d_model"
 LABEL = "label"
 # How an option reads in a label once the mixer's own name is stripped from its key
-# (model.dpfp_nu -> nu): the papers' symbols. Any other option reads as key=value.
-SYMBOLS = {"nu": "ν", "features": "m"}
+# (model.dpfp_nu -> nu): the papers' symbols. Any other option reads as key=value. FAVOR+'s
+# two counts stay apart: m is its features (the state's key side), projections/d the random
+# projections per key dimension that Schlag et al. call m / d (two features each in their form).
+SYMBOLS = {"nu": "ν", "features": "m", "per_dim": "projections/d"}
 
 
 def variant_columns(runs: pd.DataFrame, exclude=(WIDTH,)) -> dict[tuple[str, str], list[str]]:

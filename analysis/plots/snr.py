@@ -110,8 +110,15 @@ def out_of_sample_table(points: pd.DataFrame) -> pd.DataFrame:
     return out.assign(measured_minus_predicted=out["mean"] - out["predicted_mean"])
 
 
+# The law's exponent: SNR = sqrt(d / N), so at a fixed key dimension SNR goes as N^(-1/2), and
+# the measured SNR against the predicted one has a log-log slope of 1.
+LAW_EXPONENT_IN_N = -0.5
+
+
 def fit_slopes(points: pd.DataFrame) -> pd.DataFrame:
-    """Fitted log-log slope and offset of measured on predicted SNR per (source, label)."""
+    """Fitted log-log slope and offset of measured on predicted SNR per (source, label), and the
+    slope read as the exponent of N it implies at a fixed key dimension (exponent_in_n = -slope / 2)
+    beside the law's (law_exponent_in_n, -1/2): a slope of 1.5 is SNR ~ N^(-3/4)."""
     rows = []
     if "label" not in points.columns:
         points = points.assign(label=points["model"])
@@ -120,7 +127,9 @@ def fit_slopes(points: pd.DataFrame) -> pd.DataFrame:
         offset = float(np.mean(np.log(grp["snr_measured"]) - slope * np.log(grp["snr_predicted"]))) \
             if np.isfinite(slope) else float("nan")
         rows.append({"source": source, "label": label, "model": grp["model"].iat[0], "slope": slope,
-                     "prefactor": float(np.exp(offset)), "points": len(grp)})
+                     "prefactor": float(np.exp(offset)), "points": len(grp),
+                     "exponent_in_n": -slope / 2 if np.isfinite(slope) else float("nan"),
+                     "law_exponent_in_n": LAW_EXPONENT_IN_N})
     return pd.DataFrame(rows)
 
 
@@ -210,7 +219,8 @@ def snr_figure(data) -> Figure:
                   "Right: x = top-1 accuracy predicted through harness.measure.theory from the kernel statistics "
                   "measured once at the run's training N on validation data, y = test accuracy at that other N; "
                   "small dots: each run, markers: mean over seeds")
-    slopes = fits.assign(slope=fits["slope"].round(3), prefactor=fits["prefactor"].round(3))
+    slopes = fits.assign(slope=fits["slope"].round(3), prefactor=fits["prefactor"].round(3),
+                         exponent_in_n=fits["exponent_in_n"].round(3))
     fig.tables = {"snr_slopes": slopes, "snr_out_of_sample": summary,
                   "snr_law_baseline": law_baseline_table(oos) if len(oos) else pd.DataFrame()}
     return fig

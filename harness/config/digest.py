@@ -17,11 +17,16 @@ from omegaconf import DictConfig, OmegaConf
 # Keys that say where or how loudly a run happens, not what it computes: they do not enter
 # the config hash, so a rerun of a sweep with another output folder still finds its results.
 _HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
-                 "trainer.resume", "logger.", "sweep.")
+                 "trainer.resume", "logger.", "sweep.",
+                 # predictions written into an experiment before its later runs (analysis.preregister):
+                 # they change no run, and its earlier runs keep their hash when they are written
+                 "analysis.law_predictions")
 # Keys added after results were first written, with the default they were added with: at it they
 # stay out of the hash, so existing results keep their hash and a rerun of their sweep still finds them.
 _HASH_IF_SET = {"model.decay": None, "model.window": None, "model.layers": None, "model.attn_every": None,
-                "trainer.intervene": False, "trainer.ablate": False}
+                "trainer.intervene": False, "trainer.ablate": False,
+                "task.key_regime": "shared", "task.num_keys": None,
+                "model.favor_signs": "positive", "model.favor_per_dim": None, "trainer.init_jitter": 0.0}
 # Keys that matter only beside another: a hybrid's attention slot only where model.attn_every
 # places one; the ablation's settings only in mode=ablate or a run that ablates itself at its end
 # (trainer.ablate), the intervention's only in mode=intervene (a training run computes nothing of them).
@@ -46,6 +51,14 @@ def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
     return out
 
 
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether a key holds the default it was added with: by identity for None and booleans (a 0
+    is not False), by value otherwise (a string, 0.0)."""
+    if default is None or isinstance(default, bool):
+        return value is default
+    return type(value) is type(default) and value == default
+
+
 def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
     """The flat config entries that say what a run computes (those the hash covers)."""
     def applies(key: str) -> bool:
@@ -53,7 +66,7 @@ def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
 
     return {k: v for k, v in flat.items()
             if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)
-            and not (k in _HASH_IF_SET and v is _HASH_IF_SET[k]) and applies(k)}
+            and not (k in _HASH_IF_SET and _is_default(v, _HASH_IF_SET[k])) and applies(k)}
 
 
 def _as_recorded(value: Any) -> Any:

@@ -7,6 +7,7 @@ hold only values; the schemas hold the names and the types.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -55,6 +56,10 @@ class TrainerConfig:
     # ablation, patching and path patching at the end of training, with the ablate.* settings
     # (harness.measure.ablate.ablate_run): the rows mode=ablate writes, in this run's results.json
     ablate: bool = False
+    # every initial weight w becomes w (1 + init_jitter z), z ~ N(0, 1) from a stream of its own: a
+    # run and its twin at 1e-6 differ by what another CPU's rounding makes of one run, so where
+    # they end apart the run's number depends on the machine (the rate pilots: analysis.lr_edge)
+    init_jitter: float = 0.0
 
 
 @dataclass
@@ -134,9 +139,10 @@ class Config:
     intervene: InterveneConfig = field(default_factory=InterveneConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     out_dir: Optional[str] = None      # None = the Hydra run directory
-    # numbers an experiment fixes for its figures before its runs (a tolerance a law is held to);
+    # what an experiment fixes for its figures before its runs (a tolerance a law is held to, the
+    # predictions it is held to: analysis.law_predictions, rows written by analysis.preregister);
     # training never reads them, the figures read them from each run's config
-    analysis: dict[str, float] = field(default_factory=dict)
+    analysis: dict[str, Any] = field(default_factory=dict)
 
 
 MODES = ("train", "probe", "cost", "ablate", "intervene")
@@ -170,6 +176,15 @@ def model_label(model) -> str:
         return str(model.get("name"))
 
 
+def times(*factors) -> int:
+    """`${times:${model.qk_dim},${analysis.pairs_per_key}}`: the product, a whole number (a grid
+    whose N is a multiple of the key width: the findings capacity experiment)."""
+    product = math.prod(float(f) for f in factors)
+    if not float(product).is_integer():
+        raise ValueError(f"${{times:...}} of {', '.join(map(str, factors))} is {product}, not a whole number")
+    return int(product)
+
+
 def register() -> None:
     from omegaconf import OmegaConf
 
@@ -178,6 +193,8 @@ def register() -> None:
     register_resolver()
     if not OmegaConf.has_resolver("model_label"):
         OmegaConf.register_new_resolver("model_label", model_label)
+    if not OmegaConf.has_resolver("times"):
+        OmegaConf.register_new_resolver("times", times)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for name in TASKS:

@@ -84,6 +84,7 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("trainer.patience", partial(checks.integer, nullable=True)),
     ("trainer.min_delta", partial(checks.number, interval="[0, inf)")),
     ("trainer.min_steps", partial(checks.integer, minimum=0)),
+    ("trainer.init_jitter", partial(checks.number, interval="[0, 1)")),
     *((f"trainer.{key}", checks.boolean) for key in ("compile", "progress", "checkpoint", "measure", "intervene",
                                                       "ablate")),
     ("trainer.precision", partial(checks.choice, valid=PRECISIONS)),

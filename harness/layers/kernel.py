@@ -6,7 +6,8 @@ recurrent give the same numbers). One class per feature map (harness.features):
 
   linear  identity          m = d      (exact, hand-checkable; unnormalised by default, below)
   elu     elu(x) + 1        m = d      (Katharopoulos et al. 2020)
-  favor   FAVOR+            m features (Performer); phi(q).phi(k) estimates exp(q.k / sqrt(d))
+  favor   FAVOR+            m features (Performer); phi(q).phi(k) estimates exp(q.k / sqrt(d));
+                            model.favor_signs=both: m / 2 projections, a + and a - feature each (Schlag et al.)
   taylor  [1, x, x(x)x/sqrt2]  m = 1 + d + d^2; phi(q).phi(k) = 1 + s + s^2/2, s = q.k / sqrt(d)
   dpfp    rolled relu(+-x) products   m = 2 d nu (Schlag, Irie & Schmidhuber 2021), nu = model.dpfp_nu
 
@@ -138,12 +139,38 @@ class FavorAttention(KernelAttention):
     feature_is_positive = normalize_by_default = True
     exp_kernel = True
 
+    @staticmethod
+    def check_config(config) -> None:
+        """model.favor_signs is a known form; the features are counted once (model.favor_features
+        or model.favor_per_dim), and in pairs where each projection gives two."""
+        checks.choice("model.favor_signs", config.favor_signs, features.FAVOR_SIGNS)
+        checks.integer("model.favor_per_dim", config.favor_per_dim, nullable=True)
+        checks.require(config.favor_features is None or config.favor_per_dim is None,
+                       f"model.favor_features={config.favor_features} and model.favor_per_dim={config.favor_per_dim} "
+                       f"both count FAVOR+'s features: set one")
+        checks.require(config.favor_signs != "both" or config.favor_features is None or config.favor_features % 2 == 0,
+                       f"model.favor_features={config.favor_features} must be even with model.favor_signs=both "
+                       f"(two features per projection)")
+
+    @classmethod
+    def key_width(cls, d_qk: int, config=None) -> int:
+        """m, the features (the state's key side): model.favor_features; else model.favor_per_dim
+        projections per q/k dimension (Schlag et al.'s m / d_key), two features each with
+        model.favor_signs=both; else about d ln d."""
+        signs = getattr(config, "favor_signs", "positive")
+        if getattr(config, "favor_features", None) is not None:
+            return int(config.favor_features)
+        if getattr(config, "favor_per_dim", None) is not None:
+            return config.favor_per_dim * d_qk * (2 if signs == "both" else 1)
+        return features.default_favor_features(d_qk, signs)
+
     def make_feature_map(self, config, layer_idx: int):
         seed = FAVOR_SEED_STRIDE * layer_idx
         self.redraw_each_step = config.favor_redraw == "step"
         self.register_buffer("favor_seed", torch.tensor(seed, dtype=torch.long))
         self.register_load_state_dict_post_hook(lambda module, keys: module.sync_favor_seed())
-        return features.feature_map("favor", self.d_qk, m=config.favor_features, seed=seed)
+        return features.feature_map("favor", self.d_qk, m=self.key_width(self.d_qk, config), seed=seed,
+                                    signs=config.favor_signs)
 
     def sync_favor_seed(self) -> None:
         """Redraw the FAVOR+ projections for the seed in `favor_seed` (after loading a checkpoint)."""

@@ -130,7 +130,7 @@ def constructor_kwargs(cls: type, config, layer_idx: int) -> dict[str, Any]:
 # model.* keys that act inside a built-in mixer only: an outside mixer that is not handed the
 # ModelConfig (a `config` argument) runs with its own settings for them.
 MIXER_KEYS = ("short_conv", "conv_size", "rotary", "qk_dim", "chunk_size", "eps", "normalize", "favor_features",
-              "favor_redraw", "gate", "mamba_heads", "retnet_heads", "dpfp_nu", "rule", "decay", "window")
+              "favor_redraw", "favor_signs", "favor_per_dim", "gate", "mamba_heads", "retnet_heads", "dpfp_nu", "rule", "decay", "window")
 
 
 def not_applied(config, kwargs: dict[str, Any]) -> list[str]:

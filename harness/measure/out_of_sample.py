@@ -123,6 +123,44 @@ class TrainStats:
         out["decay_horizon"] = math.inf if slowest >= 0 else 1.0 / -math.expm1(2.0 * slowest)
         return out
 
+    @classmethod
+    def from_record(cls, record: dict) -> "TrainStats":
+        """The statistics back from results.json's ``train_stats`` (as_dict's output; the derived
+        numbers and the status are dropped)."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        # JSON writes NaN as null: a float field that is null was NaN (an Optional one stays None)
+        values = {k: (math.nan if v is None and fields[k].type == "float" else v)
+                  for k, v in record.items() if k in fields}
+        for name in ("kernel_target", "kernel_other", "target_write_gain"):
+            values[name] = tuple(float(x) for x in values[name])
+        values["log_decay"] = tuple(tuple(float(x) for x in head) for head in values["log_decay"])
+        return cls(**values)
+
+    def at_key_width(self, ratio: float) -> "TrainStats":
+        """The statistics of the same mixer with its key side ``ratio`` times as wide, as the law
+        carries them: the kernel's signal energy over its crosstalk (d_kernel) and the delta
+        rule's key dimension in proportion, the nominal key dimension by definition. The
+        read-out measured at the training setting (snr_readout, the anchored baseline's anchor)
+        is a measurement of the width it was measured at, and stays."""
+        return dataclasses.replace(self, kernel_target=tuple(k * ratio for k in self.kernel_target),
+                                   d_kernel=self.d_kernel * ratio, d_delta=self.d_delta * ratio,
+                                   d_key=self.d_key * ratio)
+
+    @property
+    def anchored_by_algebra(self) -> bool:
+        """anchored_by_algebra of these statistics."""
+        return anchored_by_algebra(self.law, self.kernel_target, self.log_decay, self.target_write_gain)
+
+
+def anchored_by_algebra(law: str, kernel_target, log_decay, target_write_gain) -> bool:
+    """Whether the law's out-of-sample prediction at the same key width is the anchored
+    baseline's by construction: an additive state with one read-out head, no decay and every
+    write at gain 1 scales the training read-out's SNR^2 by the ratio of earlier writes, which is
+    what the anchored baseline does. A win of the law there is no evidence for it."""
+    return (law == "additive" and len(kernel_target) == 1
+            and all(float(x) == 0.0 for head in log_decay for x in head)
+            and all(float(w) == 1.0 for w in target_write_gain))
+
 
 class Reads(NamedTuple):
     """Where a setting reads: each read's position i and its answer's position t, (R,) each,

@@ -34,9 +34,24 @@ a code c (a random permutation of 0..N-1) with base-P digits m_0, m_1, ...; its 
 position 0 is pool_0[m_0] and at position j >= 1 is pool_j[(m_0 + m_j) mod P], an injective
 map that puts each pool token of position 0 in floor(N/P) or ceil(N/P) keys. A single-token
 key cannot share structure, so key_overlap > 0 requires key_len >= 2.
+
+key_regime says where a sequence's keys come from:
+
+  shared  (default) the whole key half [1, V//2) of the vocabulary, as above: every setting's
+          model must embed V//2 - 1 key tokens, however few pairs a sequence holds, so with a
+          narrow model the keys' embeddings interfere before the state holds anything (31 keys
+          cannot be orthogonal in 8 dimensions).
+  schlag  Schlag, Irie & Schmidhuber's (2021) capacity regime: a key set of S = num_keys tokens,
+          [1, S] (null: the training num_pairs, so every sequence holds every key once, in a
+          random order), each sequence N distinct keys of it. S can be at or below the model's
+          width, so the keys can be embedded orthogonally and the state is left as the only
+          bottleneck. An evaluation setting draws from the training setting's S keys: a test N
+          above S would ask for keys the model never saw, and is refused. Single-token keys
+          only (key_len 1, key_overlap 0), as in their experiment.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -49,6 +64,7 @@ from harness.tasks.base import (PAD, Batch, as_config, balanced_choice, check_ca
 
 NAME = "interference"
 SLICE_NAME = "num_pairs"
+KEY_REGIMES = ("shared", "schlag")
 
 
 @dataclass
@@ -61,6 +77,8 @@ class Config:
     key_overlap: float = 0.0                 # in [0, 1): shrinks the per-position token pools
     test_num_pairs: list[int] = field(default_factory=list)  # empty: [num_pairs]
     test_seq_len: list[int] = field(default_factory=list)    # empty: [seq_len] (derived per N when null)
+    key_regime: str = "shared"               # shared | schlag (module docstring)
+    num_keys: Optional[int] = None           # schlag: S, the key set; null: the training num_pairs
 
 
 def pool_size(cfg: Config) -> int:
@@ -77,6 +95,21 @@ def num_queries(cfg: Config) -> int:
     return cfg.num_pairs if cfg.num_queries is None else cfg.num_queries
 
 
+def with_key_set(cfg: Config) -> Config:
+    """cfg with the schlag regime's key set S fixed (num_keys null: the training num_pairs), so
+    that its evaluation settings draw from the keys its training setting drew from."""
+    if cfg.key_regime == "schlag" and cfg.num_keys is None:
+        return dataclasses.replace(cfg, num_keys=cfg.num_pairs)
+    return cfg
+
+
+def key_range(cfg: Config) -> tuple[int, int]:
+    """[low, high) of the token ids a sequence's keys are drawn from."""
+    if cfg.key_regime == "schlag":
+        return 1, 1 + with_key_set(cfg).num_keys
+    return 1, cfg.vocab_size // 2
+
+
 def seq_len(cfg: Config) -> int:
     """The sequence length of a setting (derived when cfg.seq_len is None)."""
     used = cfg.num_pairs * (cfg.key_len + 1) + num_queries(cfg) * cfg.key_len
@@ -91,6 +124,8 @@ def _validate_setting(cfg: Config, where: str) -> None:
         check_int(NAME, "num_queries", cfg.num_queries)
     if cfg.seq_len is not None:
         check_int(NAME, "seq_len", cfg.seq_len)
+    require(cfg.key_regime in KEY_REGIMES,
+            f"{NAME}: key_regime must be one of {', '.join(KEY_REGIMES)}, got {cfg.key_regime!r}")
     overlap = check_float(NAME, "key_overlap", cfg.key_overlap)
     require(0.0 <= overlap < 1.0, f"{NAME}: key_overlap must be in [0, 1), got {cfg.key_overlap}")
     require(overlap == 0.0 or cfg.key_len >= 2,
@@ -99,6 +134,11 @@ def _validate_setting(cfg: Config, where: str) -> None:
     n, v, length = cfg.num_pairs, cfg.vocab_size, cfg.key_len
     p = pool_size(cfg)
     key_tokens = v // 2 - 1
+    if cfg.key_regime == "schlag":
+        _validate_key_set(cfg, where, key_tokens)
+    else:
+        require(cfg.num_keys is None, f"{NAME}: num_keys={cfg.num_keys} sets the key set of key_regime=schlag; "
+                                      f"key_regime={cfg.key_regime} draws from the whole key half")
     require(length * p <= key_tokens,
             f"{NAME}: {where}num_pairs={n} needs key_len*P = {length}*{p} = {length * p} distinct "
             f"key tokens but vocab_size={v} has {key_tokens} in [1, {v // 2}); "
@@ -111,6 +151,20 @@ def _validate_setting(cfg: Config, where: str) -> None:
             f"seq_len={cfg.seq_len}; raise seq_len or set it to null")
 
 
+def _validate_key_set(cfg: Config, where: str, key_tokens: int) -> None:
+    """The schlag regime's own limits: single-token keys, and S keys that hold N and fit the key half."""
+    require(cfg.key_len == 1 and float(cfg.key_overlap) == 0.0,
+            f"{NAME}: key_regime=schlag takes single-token keys (key_len 1, key_overlap 0), got "
+            f"key_len={cfg.key_len}, key_overlap={cfg.key_overlap}")
+    keys = with_key_set(cfg).num_keys
+    check_int(NAME, "num_keys", keys)
+    require(keys <= key_tokens, f"{NAME}: num_keys={keys} keys do not fit in the key half [1, {cfg.vocab_size // 2}) "
+                                f"of vocab_size={cfg.vocab_size}; raise vocab_size")
+    require(cfg.num_pairs <= keys, f"{NAME}: {where}num_pairs={cfg.num_pairs} distinct keys cannot be drawn from "
+                                   f"key_regime=schlag's {keys} keys (num_keys, null: the training num_pairs); "
+                                   f"test at N <= {keys} or raise num_keys")
+
+
 def validate(cfg: Config) -> None:
     """Raise ValueError (one line) unless the training and every evaluation setting is valid."""
     cfg = as_config(Config, cfg, NAME)
@@ -120,7 +174,7 @@ def validate(cfg: Config) -> None:
 def eval_settings(cfg: Config) -> list[Config]:
     """One setting per (entry of test_num_pairs, entry of test_seq_len), N varying fastest
     (defaults: the training N and seq_len)."""
-    return eval_grid(as_config(Config, cfg, NAME), "seq_len", "num_pairs")
+    return eval_grid(with_key_set(as_config(Config, cfg, NAME)), "seq_len", "num_pairs")
 
 
 def max_seq_len(cfg: Config) -> int:
@@ -150,7 +204,7 @@ def make_batch(cfg: Config, batch_size: int, *, seed: int, device: torch.device 
 
     codes = permutation(gen, b, n)                                      # (B, N)
     digits = _key_digits(codes, p, length)                              # (B, N, L)
-    pools = sample_distinct(gen, b, length * p, 1, v // 2).view(b, length, p)  # (B, L, P)
+    pools = sample_distinct(gen, b, length * p, *key_range(cfg)).view(b, length, p)  # (B, L, P)
     keys = pools.unsqueeze(1).expand(b, n, length, p)                  # (B, N, L, P)
     keys = keys.gather(3, digits.unsqueeze(-1)).squeeze(-1)             # (B, N, L)
     values = sample_distinct(gen, b, n, v // 2, v)                      # (B, N)

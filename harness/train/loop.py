@@ -357,6 +357,8 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
     # settings' validation batches are never read: not kept, so they are freed at once.
     periodic = periodic_sets(make_eval_sets(module, tcfg, tr, cfg.seed, device, split="val"), plan.train_len)
     model = plan.build_model().to(device)
+    if tr.init_jitter and resume is None:
+        jitter_weights(model, tr.init_jitter, cfg.seed)
     watch = FaultWatch(model, plan.mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
     opt = build_optimizer(model, tr)
@@ -384,6 +386,19 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
     r.clock = StepClock(on_step)  # times the steps alone (the paper smoke's cost estimate)
     r.setup_s = r.clock.last - t0
     return r
+
+
+JITTER_STREAM = 104_729  # the perturbation's generator: seed * this + 1, apart from every other stream
+
+
+@torch.no_grad()
+def jitter_weights(model: torch.nn.Module, size: float, seed: int) -> None:
+    """w <- w (1 + size z) for every parameter, z ~ N(0, 1) drawn on the CPU in float64 from the
+    run's own stream (trainer.init_jitter): the same perturbation on every machine."""
+    gen = torch.Generator().manual_seed(seed * JITTER_STREAM + 1)
+    for param in model.parameters():
+        z = torch.randn(param.shape, generator=gen, dtype=torch.float64)
+        param.mul_((1.0 + size * z).to(device=param.device, dtype=param.dtype))
 
 
 def steps(r: Run) -> str:
