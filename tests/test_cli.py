@@ -13,7 +13,7 @@ import pytest
     "overrides, expected",
     [
         (["task=nope"], "unknown task 'nope'; valid: forgetting, induction, interference, needle, recall"),
-        (["trainer.lrr=0.1"], "unknown key 'trainer.lrr'; valid keys here: batch_size"),
+        (["trainer.lrr=0.1"], "unknown key 'trainer.lrr'; valid keys here: ablate, batch_size,"),
         (["trainer.lr=fast"], "bad value for 'trainer.lr': must be a number, got 'fast'"),
         (["model.d_model=0"], "model.d_model must be a positive integer, got 0"),
     ],

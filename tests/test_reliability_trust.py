@@ -159,10 +159,11 @@ def test_the_ablate_command_line_refuses_before_any_directory(elu, tmp_path, cod
 
 @pytest.fixture
 def anatomy_tree(tmp_path, code) -> Path:
-    """The anatomy sweep with the second slot of its first run (the one reopened first, so no
-    other run is ablated before the refusal) naming the module."""
+    """The anatomy sweep with the second slot of the run the figure reopens (the one run whose
+    ablation rows are not stored, so it keeps its weights) naming the module."""
     root = make_results.write_results_tree(tmp_path / "results", experiments=("anatomy",))
-    naming(root / "anatomy" / "0", "model.layers[1]")
+    (reopened,) = [p.parent for p in (root / "anatomy").glob("*/" + checkpoint.MODEL_FILE)]
+    naming(reopened, "model.layers[1]")
     return root
 
 

@@ -93,6 +93,17 @@ def expand(sweep: dict[str, Any]) -> list[list[str]]:
     return runs
 
 
+def _sweep_value(override: str) -> Any:
+    """A grid value as the sweep file holds it: as YAML reads it (numbers stay numbers), except a
+    value with a mapping inside (a hybrid slot {name: softmax, rotary: true}), which an agent would
+    pass as Python's repr, a spelling Hydra cannot parse: that one stays the override's own text."""
+    value = yaml.safe_load(override)
+
+    def has_mapping(v) -> bool:
+        return isinstance(v, dict) or (isinstance(v, list) and any(has_mapping(x) for x in v))
+    return override if has_mapping(value) else value
+
+
 def from_experiment(name: str) -> dict[str, Any]:
     """The wandb grid sweep of the paper experiment `name`: `+experiment=paper/<name>` fixes
     every setting, the experiment's sweeper grid becomes the sweep's values (each value as YAML
@@ -103,7 +114,7 @@ def from_experiment(name: str) -> dict[str, Any]:
     mode = compose_experiment(full).mode
     params: dict[str, Any] = {"+experiment": {"value": full}}
     for key, values in experiment_grid(full).items():
-        params[key] = {"values": [yaml.safe_load(v) for v in values]}
+        params[key] = {"values": [_sweep_value(v) for v in values]}
     params.update({"logger": {"value": "wandb"}, "logger.mode": {"value": "online"}})
     sweep: dict[str, Any] = {"name": name, "program": "harness", "method": "grid"}
     if mode == "train":
