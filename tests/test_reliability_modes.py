@@ -159,3 +159,22 @@ def test_a_bad_ablate_run_is_refused_before_any_run_directory(tmp_path, capsys, 
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert not out.exists()  # refused before Hydra made it, not recorded in it as a failed run
     assert stop.value.code == 2 and len(lines) == 1 and f"ablate.run={run}" in lines[0], lines
+
+
+def test_an_earlier_stop_in_the_process_is_not_the_next_runs():
+    """A sweep's worker exits after a job whose run was stopped (harness.run.sweep reads
+    StopRequest.received()); a later run in the same process (a notebook, a test) starts clear,
+    or its first finished job would end the process."""
+    from harness.train.faults import StopRequest
+
+    first = StopRequest()
+    try:
+        first._request(signal.SIGTERM, None)
+        assert StopRequest.received() == signal.SIGTERM
+    finally:
+        first.restore()
+    second = StopRequest()
+    try:
+        assert StopRequest.received() is None and not second.requested
+    finally:
+        second.restore()

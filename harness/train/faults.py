@@ -217,12 +217,14 @@ class StopRequest:
     handler; elsewhere this never fires.
 
     ``received()``: the signal this process was asked to stop by, if any, kept after the run
-    (a sweep's worker exits on it instead of taking the next job: harness.run.sweep)."""
+    (a sweep's worker exits on it instead of taking the next job: harness.run.sweep), until the
+    next run of the same process starts: a notebook's or a test's earlier stop is not this one's."""
 
     _received: int | None = None
 
     def __init__(self, at_once: str | None = None) -> None:
         self.signum: int | None = None
+        StopRequest._received = None
         self.at_once = at_once
         self._previous: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
