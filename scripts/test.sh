@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up (first time only) and run the whole test suite: scripts/test.sh [pytest args]
+# Set up (first time only) and run the test suite: scripts/test.sh [--fast] [pytest args]
+#   --fast               only the tests recorded under 4 s (tests/durations.py); the full suite is the default
+#   --record-durations   (a pytest option) write each test's time to tests/durations.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -7,4 +9,8 @@ bash scripts/setup.sh
 # argument alone still lets a telemetry probe out at exit).
 export WANDB_MODE=disabled WANDB_SILENT=true
 export MPLBACKEND=Agg
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+args=()
+for arg in "$@"; do
+  if [ "$arg" = "--fast" ]; then args+=(-m "not slow"); else args+=("$arg"); fi
+done
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "${args[@]}"

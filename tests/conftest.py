@@ -14,6 +14,8 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
+pytest_plugins = ["tests.durations"]  # the recorded times and the slow mark (scripts/test.sh --fast)
+
 # Two pytest workers share two cores: one torch thread each avoids oversubscription.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)

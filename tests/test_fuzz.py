@@ -35,7 +35,7 @@ from harness.model import ModelConfig  # noqa: E402
 from harness.run import cli  # noqa: E402
 from harness.tasks import TASKS  # noqa: E402
 
-DRAWS = int(os.environ.get("HARNESS_FUZZ_DRAWS", "300"))
+DRAWS = int(os.environ.get("HARNESS_FUZZ_DRAWS", "150"))  # more: HARNESS_FUZZ_DRAWS=1000
 # Every draw starts from a one-step debug run and tiny probe and cost grids, so a valid draw
 # costs a fraction of a second; a draw may override any of these.
 BASE = ["trainer=debug", "trainer.max_steps=1", "logger=none", "trainer.eval_examples=8",

@@ -99,10 +99,15 @@ def ablation_rows(data: pd.DataFrame, *, trust_code: bool = False) -> pd.DataFra
 
 def _reopened(run_dir: str, trust_code: bool) -> pd.DataFrame:
     import harness
-    from harness.measure.ablate import ablate_run
+    from omegaconf import OmegaConf
+
+    from harness.config.schema import AblateConfig
+    from harness.measure.ablate import ablate_run, settings
 
     loaded = harness.load_run(run_dir, trust_code=trust_code)
-    return pd.DataFrame(ablate_run(loaded.model, loaded.config)["rows"]).assign(run_dir=run_dir)
+    # the run's own ablate.* settings (what trainer.ablate would have used in the run), over the defaults
+    own = settings(OmegaConf.merge(OmegaConf.structured(AblateConfig), loaded.config.get("ablate") or {}))
+    return pd.DataFrame(ablate_run(loaded.model, loaded.config, **own)["rows"]).assign(run_dir=run_dir)
 
 
 def anatomy_tables(rows: pd.DataFrame, criteria: Criteria) -> dict[str, pd.DataFrame]:
