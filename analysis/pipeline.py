@@ -146,7 +146,7 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
     import io
 
     from harness.config.compose import CONF_DIR
-    from harness.outputs.results import write_text
+    from harness.outputs.atomic import write_text
 
     name = lr_edge.pilot_name(experiment)
     folder = CONF_DIR / "experiment" / ("" if profile == "quick" else profile)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from analysis.pipeline import (compose_experiment, job_count, profile_experiments, render, report,  # noqa: F401
                                sweep_command, sweep_params)
-from harness.outputs.results import write_text
+from harness.outputs.atomic import write_text
 
 SMOKE_BATCH = 2
 SMOKE = ["logger=none", "trainer.max_steps=1", f"trainer.batch_size={SMOKE_BATCH}",

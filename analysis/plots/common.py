@@ -57,7 +57,7 @@ def save_figure(fig, out_dir, name: str) -> list:
     import io
     from pathlib import Path
 
-    from harness.outputs.results import write_bytes, write_text
+    from harness.outputs.atomic import write_bytes, write_text
 
     out_dir = Path(out_dir)
     paths = []

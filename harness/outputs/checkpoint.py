@@ -34,7 +34,8 @@ from omegaconf import DictConfig
 
 from harness.config.digest import config_differences, hashed_items
 from harness.errors import DamagedFile, OutputError, first_line, shown
-from harness.outputs.results import RESULTS_FILE, atomic_write, discard, parse_results, temporary_path
+from harness.outputs.atomic import atomic_write, discard, temporary_path
+from harness.outputs.results import RESULTS_FILE, parse_results
 
 MODEL_FILE = "model.pt"
 FORMAT = 1

@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness.errors import OutputError, RunError
 from harness.outputs.lock import LOCK_FILE, RunDirLock
 from harness.outputs.paths import launch_dir, user_path
-from harness.outputs.results import RESULTS_FILE, read_results, write_text
+from harness.outputs.atomic import write_text
+from harness.outputs.results import RESULTS_FILE, read_results
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ def write(names=None, directory: Path = OUT_DIR) -> list[Path]:
     written), and each file is written whole or not at all (a full disk leaves the old one):
     DestinationError or OutputError, one line, otherwise."""
     from harness.outputs.paths import check_destination
-    from harness.outputs.results import write_text
+    from harness.outputs.atomic import write_text
 
     directory = Path(directory)
     check_destination("--out", directory)
