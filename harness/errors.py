@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 
 class RunError(RuntimeError):
@@ -77,3 +78,8 @@ def shown(message: object) -> str:
 class ResourceError(ValueError):
     """A request the device cannot hold, refused before any allocation with the estimate and the
     limit (bad input for this machine: exit code 2)."""
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr (`harness: warning: ...`), the run going on."""
+    print(f"harness: warning: {message}", file=sys.stderr, flush=True)

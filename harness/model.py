@@ -21,8 +21,8 @@ from harness.layers import MLP, make_norm, registry
 from harness.layers.parts import NORMS, qk_width
 from harness.layers.preflight import member
 from harness.layers.protocol import layer_memory, state_size
+from harness.ops.common.guards import FORMS
 
-FORMS = ("chunk", "parallel", "recurrent")
 GATES = ("scalar", "per_dim")
 FAVOR_REDRAW = ("never", "step")
 POS_EMBS = ("none", "learned")

@@ -31,7 +31,7 @@ CASES = [
     (["model.form=blocked"], "model.form", "'blocked'; valid: chunk, parallel, recurrent"),
     (["model=mamba", "model.gate=vector"], "model.gate", "'vector'; valid: scalar, per_dim"),
     (["model.norm=batchnorm"], "model.norm", "valid: layernorm"),
-    (["cost.forms=[bogus]"], "cost.forms", "drawn from parallel, chunk, recurrent, got ['bogus']"),
+    (["cost.forms=[bogus]"], "cost.forms", "drawn from chunk, parallel, recurrent, got ['bogus']"),
     # ranges: top level, trainer, logger
     (["seed=-1"], "seed", "must be an integer in [0, "),
     (["trainer.max_steps=0"], "trainer.max_steps", "must be a positive integer, got 0"),

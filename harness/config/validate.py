@@ -23,11 +23,11 @@ from harness.ops.cores import CORE_FORMS
 from harness.model import ModelConfig
 from harness.model import check_mixers, is_hybrid
 from harness.model import validate as validate_model
+from harness.ops.common.guards import FORMS
 
 PRECISIONS = ("fp32", "bf16")
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
-COST_FORMS = ("parallel", "chunk", "recurrent")
 # wandb refuses these characters in a project name, and longer names or tags, but only at init.
 WANDB_FORBIDDEN = "/\\#?%:"
 WANDB_NAME_LEN, WANDB_TAG_LEN = 128, 64
@@ -102,7 +102,7 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("probe.max_queries", checks.integer),
     ("probe.seed", partial(checks.integer, minimum=0, maximum=SEED_MAX)),
     ("cost.seq_lens", checks.int_list),
-    ("cost.forms", partial(checks.choice_list, valid=COST_FORMS)),
+    ("cost.forms", partial(checks.choice_list, valid=FORMS)),
     *_ints("cost", "batch_size", "n_heads", "head_dim", "repeats", "recurrent_max_len"),
     ("intervene.examples", checks.integer),
     ("intervene.seed", partial(checks.integer, minimum=0, maximum=SEED_MAX)),

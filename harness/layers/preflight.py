@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import sys
 from typing import Any, Optional
 
 import torch
 from torch import nn
+
+from harness.errors import warn
 
 # Protocol attributes and the types they must have (harness.layers.protocol); bool is not an int here.
 ATTRIBUTE_TYPES = {"family": str, "core": str, "kernel": str, "d_key": int, "d_head": int, "n_heads": int,
                    "positive_denominator": bool, "monotone_in_score": bool, "heads_per_readout": int,
                    "wants_learned_positions": bool, "memory_kind": str}
 _WARNED: set[tuple[str, str]] = set()  # (class, member) warned about in this process: one line each
-
-
-def warn(message: str) -> None:
-    print(f"harness: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _qualname(obj: Any) -> str:

@@ -24,7 +24,6 @@ import io
 import os
 import random
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import torch
 from omegaconf import DictConfig
 
 from harness.config.digest import config_differences, hashed_items
-from harness.errors import DamagedFile, OutputError, first_line, shown
+from harness.errors import DamagedFile, OutputError, first_line, shown, warn
 from harness.outputs.atomic import atomic_write, discard, temporary_path
 from harness.outputs.results import RESULTS_FILE, parse_results
 
@@ -222,10 +221,6 @@ def remove_checkpoints(out_dir: Path) -> None:
         path.unlink(missing_ok=True)
     for tmp in (Path(out_dir) / "checkpoint.tmp", *Path(out_dir).glob(".checkpoint.*.tmp")):
         discard(tmp)
-
-
-def warn(message: str) -> None:
-    print(f"harness: warning: {message}", file=sys.stderr, flush=True)
 
 
 # ----- final weights -----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-FORMS = ("parallel", "recurrent", "chunk")
+# the forms of a mixer, the one list (a model's model.form, the cost table's cost.forms, the cores)
+FORMS = ("chunk", "parallel", "recurrent")
 
 _finite_checks = True
 _watch: Optional[Callable[[torch.Tensor], None]] = None
