@@ -672,3 +672,18 @@ def test_the_anatomy_tables_name_the_heads_built_to_gather_and_aggregate(drawn):
     assert roles.loc[("softmax*2 (no conv)", 0, "A"), "mean"] == 0
     # the run without rows was reopened from its model.pt and ablated
     assert "gated_deltanet+softmax" in set(tables["anatomy"]["label"])
+
+
+def test_an_interval_a_rounding_error_inside_its_mean_draws():
+    """A mean of exactly 1 whose interval, cut to [0, 1], ends at 1 - 1.1e-16 (as five seeds all
+    at 1.0 give): the error bars start at the mean, and matplotlib draws them."""
+    import matplotlib.pyplot as plt
+
+    from analysis.plots.common import yerr
+
+    below_above = yerr([1.0, 0.5], [0.99, 0.4], [1.0 - 1.1e-16, 0.6])
+    assert (below_above >= 0).all() and below_above[1, 0] == 0.0
+    assert below_above[:, 1] == pytest.approx([0.1, 0.1])
+    fig, ax = plt.subplots()
+    ax.errorbar([1, 2], [1.0, 0.5], yerr=below_above)
+    plt.close(fig)

@@ -410,8 +410,16 @@ def draw_estimates(ax, summary: pd.DataFrame, x: str, colors: dict, markers: dic
         have = np.isfinite(grp["low"].astype(float)).to_numpy()
         if have.any():
             mean, low, high = (grp[c].to_numpy(float)[have] for c in ("mean", "low", "high"))
-            ax.errorbar(xs[have], mean, yerr=[mean - low, high - mean],
+            ax.errorbar(xs[have], mean, yerr=yerr(mean, low, high),
                         fmt="none", ecolor=color, elinewidth=1.0, capsize=2.5, zorder=3)
+
+
+def yerr(mean, low, high) -> np.ndarray:
+    """errorbar's (2, n) distances below and above the mean, never negative: an interval cut to
+    [0, 1] can sit a rounding error inside a mean of exactly 1 (1 - 1.1e-16), which matplotlib
+    refuses."""
+    mean, low, high = (np.atleast_1d(np.asarray(v, float)) for v in (mean, low, high))
+    return np.maximum(np.stack([mean - low, high - mean]), 0.0)
 
 
 def _dodged(xs: np.ndarray, every: np.ndarray, step: float, log_x: bool) -> np.ndarray:
@@ -441,7 +449,7 @@ def draw_bars(ax, summary: pd.DataFrame, order: list[str], colors: dict, *, key:
         ax.scatter(i + offset + rng.uniform(-width / 4, width / 4, values.size), values, s=9,
                    color=colors[lab] if not color_of else "0.15", zorder=3, linewidths=0)
         if np.isfinite(point["low"]):
-            ax.errorbar(i + offset, point["mean"], yerr=[[point["mean"] - point["low"]], [point["high"] - point["mean"]]],
+            ax.errorbar(i + offset, point["mean"], yerr=yerr(point["mean"], point["low"], point["high"]),
                         fmt="none", ecolor="0.1", elinewidth=1.0, capsize=3, zorder=4)
     # upright names run into each other past a few mixers: vertical ones never do
     ax.set_xticks(range(len(order)), order, rotation=90 if len(order) > 4 else 0,

@@ -33,7 +33,7 @@ from analysis.lr_edge import in_rate_folder
 from analysis.plots import FigureSpec
 from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_estimates, figure, label_order,
                                    label_styles, labelled, log2_axis, mixer_handles, new_figure, note, require,
-                                   select_on_validation, table, with_stop_flags, with_stops)
+                                   select_on_validation, table, with_stop_flags, with_stops, yerr)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -282,7 +282,7 @@ def _draw_quantities(ax, table: pd.DataFrame, quantities: list[str], names: list
                        linewidths=0)
             ax.scatter([x], [row["mean"]], color=color, zorder=3, label=name if i == 0 else None)
             if math.isfinite(row["low"]):
-                ax.errorbar([x], [row["mean"]], yerr=[[row["mean"] - row["low"]], [row["high"] - row["mean"]]],
+                ax.errorbar([x], [row["mean"]], yerr=yerr(row["mean"], row["low"], row["high"]),
                             fmt="none", ecolor="0.1", capsize=3)
     ax.set_xticks(range(len(models)), models)
     ax.legend(fontsize="x-small", loc="best")

@@ -29,7 +29,7 @@ from analysis.plots import FigureSpec
 from analysis.plots.capacity import (LAW_MARGIN_LOGODDS, MARGIN, capacity_points, log_odds, protocol_rows, stated,
                                      verdict)
 from analysis.plots.common import (MissingData, caption, figure, log2_axis, new_figure, note, palette, setting_values,
-                                   table)
+                                   table, yerr)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -178,7 +178,7 @@ def _draw_length(ax, points: pd.DataFrame, colors: dict) -> None:
         for source, ls in zip(SOURCES, ("-", "--", ":")):
             ax.plot(grp["seq_len"], grp[source], color=colors[model], ls=ls, lw=1.0)
         done = grp[np.isfinite(grp["mean"].astype(float))]
-        ax.errorbar(done["seq_len"], done["mean"], yerr=[done["mean"] - done["low"], done["high"] - done["mean"]]
+        ax.errorbar(done["seq_len"], done["mean"], yerr=yerr(done["mean"], done["low"], done["high"])
                     if done["low"].notna().any() else None, fmt="o", color=colors[model], ms=4, capsize=2)
     if len(part):
         log2_axis(ax, part["seq_len"])

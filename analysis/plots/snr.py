@@ -29,7 +29,7 @@ from analysis.plots import FigureSpec
 from analysis.plots.capacity import SOURCES, capacity_selected, law_baseline_table, law_errors, out_of_sample_rows
 from analysis.plots.common import (MissingData, WIDTH, caption, figure, label_order, label_styles, labelled,
                                    legend_outside, loglog_slope, new_figure, note, palette, retrieval_heads,
-                                   setting_values, table)
+                                   setting_values, table, yerr)
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -177,7 +177,7 @@ def _draw_out_of_sample(ax, points: pd.DataFrame, summary: pd.DataFrame) -> tupl
                    linewidths=1.2, marker=markers[lab], zorder=3)
         have = pts[np.isfinite(pts["low"].astype(float))]
         if len(have):
-            ax.errorbar(have["predicted_mean"], have["mean"], yerr=[have["mean"] - have["low"], have["high"] - have["mean"]],
+            ax.errorbar(have["predicted_mean"], have["mean"], yerr=yerr(have["mean"], have["low"], have["high"]),
                         fmt="none", ecolor=colors[lab], elinewidth=0.9, capsize=2)
     ax.plot([0, 1], [0, 1], color="k", ls="--", lw=1.0)
     ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02),
