@@ -5,7 +5,7 @@ Every number comes from the rows harness.measure.ablate writes: the anatomy swee
 them into their own results.json at the end of training (trainer.ablate=true, the rows
 `python -m harness mode=ablate ablate.run=<run>` prints), so the figure needs the results
 alone; a run without them (made before the switch) is reopened from its model.pt and ablated
-as mode=ablate does, at the same defaults.
+as mode=ablate does, at the run's own ablate.* settings.
 
 Per model (the mixers of its layers, and whether the short convolution is on), two panels.
 Left: how many heads of each layer meet each role (A: aggregate, G: gather), per seed, with the
@@ -76,7 +76,7 @@ def trained_runs(data: pd.DataFrame) -> pd.DataFrame:
 def ablation_rows(data: pd.DataFrame, *, trust_code: bool = False) -> pd.DataFrame:
     """The ablate rows of every trained run (one per run, layer, head and kind, as mode=ablate
     writes them): read from its results.json, or for a run that has none, computed by reopening
-    its model.pt (harness.measure.ablate.ablate_run at mode=ablate's defaults)."""
+    its model.pt (harness.measure.ablate.ablate_run at the run's own ablate.* settings)."""
     runs = trained_runs(data)
     kept = table(data, "ablate")
     have = set(kept["run_dir"]) if "run_dir" in kept.columns else set()
