@@ -168,7 +168,9 @@ def wilson_interval(values, counts, *, confidence: float = CONFIDENCE) -> tuple[
     p, z = hits / total, stats.norm.ppf(0.5 + confidence / 2)
     center = (p + z * z / (2 * total)) / (1 + z * z / total)
     half = z * np.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
-    return center - half, center + half
+    # at p = 0 or 1 the score interval ends exactly at p; the arithmetic above lands a rounding
+    # step inside it, which would leave the mean outside its own interval
+    return np.minimum(center - half, p), np.maximum(center + half, p)
 
 
 def interval(values, counts=None, *, confidence: float = CONFIDENCE, bounds: tuple[float, float] | None = None

@@ -64,6 +64,12 @@ def test_tied_seeds_take_the_named_fallback():
     assert seeds_only.low == seeds_only.high == 0.5 and seeds_only.method == stats.FALLBACK_SEEDS
     ceiling = stats.estimate([1.0] * 5, [256] * 5)
     assert ceiling.method == stats.FALLBACK and 0.99 < ceiling.low < 1.0 and ceiling.high == pytest.approx(1.0)
+    # five seeds that all recall everything: the interval holds its mean exactly (its upper end
+    # had landed a rounding step below 1.0, and an error bar below zero broke the figure)
+    for value in (1.0, 0.0):
+        low, high, _ = stats.interval(np.full(5, value), np.full(5, 2))
+        assert low <= value <= high
+    assert stats.interval(np.ones(5), np.full(5, 2))[1] >= 1.0
     plain = stats.estimate([0.9, 0.92, 0.95, 0.91, 0.88], [256] * 5)
     assert plain.method == stats.METHOD and plain.low < plain.mean < plain.high
 
