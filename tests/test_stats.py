@@ -67,8 +67,9 @@ def test_tied_seeds_take_the_named_fallback():
     # five seeds that all recall everything: the interval holds its mean exactly (its upper end
     # had landed a rounding step below 1.0, and an error bar below zero broke the figure)
     for value in (1.0, 0.0):
-        low, high, _ = stats.interval(np.full(5, value), np.full(5, 2))
-        assert low <= value <= high
+        for count in (2, 5, 16, 128):
+            low, high, _ = stats.interval(np.full(5, value), np.full(5, count))
+            assert low <= value <= high
     assert stats.interval(np.ones(5), np.full(5, 2))[1] >= 1.0
     plain = stats.estimate([0.9, 0.92, 0.95, 0.91, 0.88], [256] * 5)
     assert plain.method == stats.METHOD and plain.low < plain.mean < plain.high
