@@ -110,6 +110,30 @@ def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -
         run.release()
 
 
+def claim_member(cfg: DictConfig) -> dict[str, Any] | tuple[RunPlan, RunDir]:
+    """A sweep job the launcher put in a group (harness.run.grouped): its plan and its claimed
+    directory (the caller trains it with its group and releases the claim), or, when it cannot
+    join, the job dealt with here as run_job deals with it, and what run_job returns: a config
+    refused (recorded), a run finished before (skipped), a run with its own checkpoint
+    (resumed alone, bit for bit)."""
+    where = _hydra_context(False)
+    try:
+        plan = plan_for(cfg)
+        run = claim(cfg, plan.flat, plan.digest, where)
+    except Exception:  # the failure recorded in the job's directory, as any sweep job's
+        return run_job(cfg)
+    if run.done is not None:
+        print(f"[harness] skip: results for this config exist in {run.done}")
+        return {"status": "skipped", "dir": str(run.done)}
+    if run.resume is not None:
+        print(f"[harness] {run.path}: resumes its own checkpoint, alone")
+        try:
+            return _run_claimed(plan, run, not cfg.sweep.fail_on_error, None, base_results(cfg, plan.flat, plan.digest))
+        finally:
+            run.release()
+    return plan, run
+
+
 def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exception | None,
                  record: dict[str, Any]) -> dict[str, Any]:
     """The plan's mode in its claimed directory; ``failure``: why a sweep's job has no plan,

@@ -328,7 +328,7 @@ def train(plan: RunPlan, out_dir: Path, on_step: Callable[[int], None] | None = 
         r.terminate.restore()
         r.metrics.close()
         r.logger.finish(failed=failed)
-    _report(r.plan.cfg, r.results["summary"], last_eval, out_dir, r.memory_lines, label(r.plan.mcfg),
+    report(r.plan.cfg, r.results["summary"], last_eval, out_dir, r.memory_lines, label(r.plan.mcfg),
             r.results.get("mechanism"))
     return r.results
 
@@ -487,7 +487,8 @@ def finish(r: Run, reason: str) -> dict[str, Any]:
     """After the last step: the final validation (unless this step had it), the test split's
     evaluation (every setting, the longer ones too, with each one's peak memory), the summary,
     the measurements, then model.pt and results.json. Returns the test evaluation."""
-    r.bar.close()
+    if r.bar is not None:  # a group's member has none (harness.train.group.runs)
+        r.bar.close()
     r.watch.check()
     loop, tr, model = r.loop, r.plan.cfg.trainer, r.model
     step, val_eval = loop.step, loop.last_eval
@@ -596,7 +597,7 @@ def _save(r: Run, summary: dict[str, Any]) -> None:
     r.logger.summary({k: v for k, v in summary.items() if isinstance(v, (int, float, bool))})
 
 
-def _report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path, memory: list[str],
+def report(cfg, summary: dict[str, Any], last_eval: dict[str, Any], out_dir: Path, memory: list[str],
             name: str, mechanism: str | None = None) -> None:
     per = ", ".join(f"{p['name']}: {p['accuracy']:.3f}" for p in last_eval["settings"])
     print(f"[harness] {cfg.task.name}/{name}: accuracy {summary['accuracy']:.3f} "

@@ -164,7 +164,7 @@ def start_group(plans: Sequence[RunPlan], dtype: Optional[torch.dtype] = None,
 def train_group(plans: Sequence[RunPlan], *, dtype: Optional[torch.dtype] = None,
                 checkpoint: Optional[Path] = None, ckpt_every: Optional[int] = None,
                 resume: Optional[dict[str, Any]] = None,
-                on_step: Optional[Callable[[int, Group], None]] = None) -> list[Member]:
+                on_step: Optional[Callable[[int, Group], None]] = None, stop=None) -> list[Member]:
     """Train the plans' runs as one group (they share a shape: harness.train.group.signature);
     each member's outcome, in the order of ``plans``.
 
@@ -172,16 +172,41 @@ def train_group(plans: Sequence[RunPlan], *, dtype: Optional[torch.dtype] = None
     ``checkpoint``: the group checkpoint's file, written every ``ckpt_every`` steps; ``resume``:
     such a checkpoint, loaded (harness.outputs.checkpoint.load), to continue from.
     ``on_step(step, group)``: after each step, before its evaluations (the bench times with it).
+    ``stop``: a harness.train.faults.StopRequest; once it is requested, the group checkpoints
+    the step it is at (all its evaluations done) and raises its Interrupted, as a solo run does.
+    With a ``checkpoint`` file the group also saves itself once every member has stopped, so a
+    start killed while its members' results are written reads their final state back
+    (finished_members) instead of training again.
     """
+    if resume is not None and not resume["active"]:
+        return finished_members(plans, resume, dtype)
     g = start_group(plans, dtype, resume)
     while g.active:
         _step(g)
         stopped = _after_step(g, on_step)
         if stopped:
             _leave(g, stopped)
-        if checkpoint is not None and ckpt_every and g.step % ckpt_every == 0 and g.active:
+        if checkpoint is None:
+            continue
+        if not g.active or (ckpt_every and g.step % ckpt_every == 0) or (stop is not None and stop.requested):
             save_group(g, checkpoint)
+        if stop is not None and stop.requested and g.active:
+            raise stop.stopped(g.step, checkpoint)
     return g.members
+
+
+def finished_members(plans: Sequence[RunPlan], saved: dict[str, Any],
+                     dtype: Optional[torch.dtype] = None) -> list[Member]:
+    """The members of a group checkpoint saved after its last member stopped, for ``plans`` (any of
+    its runs, by config hash, in any order): each as it ended, weights, loop state and records."""
+    by_digest = {d: rec for d, rec in zip(saved["digests"], saved["members"])}
+    missing = [p.digest for p in plans if p.digest not in by_digest]
+    if saved["active"] or missing:
+        raise ValueError("the group checkpoint does not hold these runs finished")
+    members = [_member(i, plan, dtype) for i, plan in enumerate(plans)]
+    for m in members:
+        m.restore(by_digest[m.plan.digest])
+    return members
 
 
 def _step(g: Group) -> None:
@@ -294,10 +319,20 @@ def save_group(g: Group, path: Path) -> None:
 
 
 def _check_resume(saved: dict[str, Any], plans: Sequence[RunPlan]) -> None:
+    if not resumes(saved, plans):
+        raise ValueError("the group checkpoint belongs to other runs (their config hashes differ, or their "
+                         f"order), or is not of format {GROUP_FORMAT}")
+
+
+def resumes(saved: dict[str, Any], plans: Sequence[RunPlan]) -> bool:
+    """Whether a group checkpoint continues exactly these runs: the same config hashes in the same
+    order, or (once every member stopped) a set that holds them all."""
     if saved.get("format") != GROUP_FORMAT:
-        raise ValueError(f"not a group checkpoint of format {GROUP_FORMAT}")
-    if list(saved["digests"]) != [p.digest for p in plans]:
-        raise ValueError("the group checkpoint belongs to other runs (their config hashes differ, or their order)")
+        return False
+    digests = [p.digest for p in plans]
+    if not saved["active"]:
+        return set(digests) <= set(saved["digests"])
+    return list(saved["digests"]) == digests
 
 
 def _restore(g: Group, saved: dict[str, Any]) -> None:
