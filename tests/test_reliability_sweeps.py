@@ -44,7 +44,9 @@ def _wait_until_training(proc, run_dirs):
     ("local", signal.SIGINT, "1,2", 2),            # submitit's local jobs: one process each
 ])
 def test_a_stopped_sweep_leaves_no_worker_and_checkpoints_every_run(tmp_path, launcher, sig, seeds, running):
-    proc = _sweep(tmp_path, f"hydra/launcher={launcher}", f"seed={seeds}")
+    # every job alone (a grouped sweep's stop: tests/test_group_sweeps.py)
+    alone = ["hydra.launcher.group=false"] if launcher == "processes" else []
+    proc = _sweep(tmp_path, f"hydra/launcher={launcher}", f"seed={seeds}", *alone)
     below = []
     try:
         run_dirs = [tmp_path / "sweep" / str(i) for i in range(running)]

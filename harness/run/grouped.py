@@ -57,8 +57,10 @@ def plan_units(config: DictConfig, config_loader, job_overrides: Sequence[Sequen
             plans[i] = plan
     index = list(plans)
     first_of_shape = {group_key(plans[i]): plans[i] for i in reversed(index)}
-    cap = max(1, min(max_group, math.ceil(len(index) / max(1, n_jobs)) if index else 1,
-                     *(_memory_bound(p) for p in first_of_shape.values())))
+    # every worker gets a unit: the jobs alone take some workers, the groups share the rest
+    free = n_jobs - len(alone)
+    spread = math.ceil(len(index) / free) if index and free > 0 else max_group
+    cap = max(1, min(max_group, spread, *(_memory_bound(p) for p in first_of_shape.values())))
     groups, apart = group_plans([plans[i] for i in index], max_size=cap)
     alone.update({index[k]: why for k, why in apart.items()})
     units = [[index[k] for k in g] for g in groups] + [[i] for i in alone]

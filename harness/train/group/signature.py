@@ -100,7 +100,8 @@ def group_plans(plans: Sequence[RunPlan], max_size: Optional[int] = None) -> tup
         if len(members) == 1:
             alone[members[0]] = _nearest(plans, members[0], alone)
         elif max_size is not None and max_size < 2:
-            alone.update({i: f"a group of at most {max_size} run (the memory bound)" for i in members})
+            alone.update({i: f"a group of at most {max_size} run (the size bound: memory, or the workers)"
+                          for i in members})
         else:  # cut into near-equal parts: none left over alone
             parts = -(-len(members) // (max_size or len(members)))
             cuts = [round(k * len(members) / parts) for k in range(parts + 1)]
