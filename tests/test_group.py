@@ -70,7 +70,7 @@ def test_each_member_follows_its_solo_run_in_float64(tmp_path, model, extra):
         losses, weights = solo_losses(p, tmp_path / str(i))
         grouped = [row["train/loss"] for row in m.train_rows]
         assert len(grouped) == len(losses) == 50 and m.stop_reason == "max_steps"
-        # the loss is taken in float32 (harness.train.loop.lm_loss) from float64 logits
+        # the loss is taken in float32 (harness.train.optim.lm_loss) from float64 logits
         worst = max(abs(a - b) / abs(a) for a, b in zip(losses, grouped))
         assert worst < 1e-6, (i, worst)
         for name, value in m.state_dict().items():

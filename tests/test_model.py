@@ -378,7 +378,7 @@ def test_mamba_decay_heads_share_q_and_k_and_spread_their_timescales():
 def test_mamba_decay_parameters_stay_out_of_weight_decay():
     from types import SimpleNamespace
 
-    from harness.train.loop import build_optimizer
+    from harness.train.optim import build_optimizer
 
     model = build(name="mamba")
     opt = build_optimizer(model, SimpleNamespace(lr=1e-3, weight_decay=0.1))

@@ -23,7 +23,7 @@ from harness.measure import probe
 from harness.run import cli
 from harness.run.job import run_job
 from harness.train import memory
-from harness.train.loop import build_optimizer, lm_loss
+from harness.train.optim import build_optimizer, lm_loss
 
 LIMIT = "24GiB"  # the machine, whatever this one has
 

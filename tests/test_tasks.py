@@ -267,7 +267,7 @@ def test_recall_mixture_settings_for_validation_and_test():
     plain = recall.Config()
     assert recall.val_settings(plain) == recall.eval_settings(plain)  # without a mixture: the test settings
     assert recall.make_batch(recall.val_settings(cfg)[0], 4, seed=0, split="val").inputs.shape == (4, 16)
-    from harness.train.loop import make_eval_sets
+    from harness.train.evaluate import make_eval_sets
     from types import SimpleNamespace
 
     tr = SimpleNamespace(eval_examples=4)

@@ -55,7 +55,7 @@ def test_init_jitter_perturbs_every_weight_by_its_size_and_nothing_else(tmp_path
     """trainer.init_jitter moves each initial weight by about that fraction of itself, the same way
     every time; a run and its jittered twin differ, at 0 nothing is drawn."""
     from harness.model import LanguageModel, ModelConfig
-    from harness.train.loop import jitter_weights
+    from harness.train.optim import jitter_weights
 
     def model():
         torch.manual_seed(0)
@@ -85,7 +85,7 @@ def test_softmax_learns_default_recall_well_above_chance(tmp_path):
 def test_checkpoint_reloads_into_the_same_model(tmp_path):
     """model.pt reopened by harness.load_run evaluates to the accuracy and loss the run reported."""
     import harness
-    from harness.train.loop import evaluate, make_eval_sets
+    from harness.train.evaluate import evaluate, make_eval_sets
 
     res = run(tmp_path, "model=retnet", "trainer.max_steps=30", "trainer.eval_every=30")
     loaded = harness.load_run(tmp_path)
@@ -155,7 +155,8 @@ def test_accuracy_and_memory_per_length_the_long_sets_at_the_end(tmp_path):
 
 def test_evaluation_streamed_in_passes_is_one_pass_and_runs_the_chunk_form():
     from harness.config.plan import prepare
-    from harness.train.loop import autocast_factory, evaluate, make_eval_sets
+    from harness.train.evaluate import evaluate, make_eval_sets
+    from harness.train.optim import autocast_factory
 
     cfg = compose_config(["trainer=debug", "logger=none", "model=retnet", "model.form=parallel",
                           "task.test_seq_len=[64,128]"])
@@ -193,7 +194,7 @@ def test_plateau_stops_early_with_its_reason(tmp_path):
 
 def plateau_step(history, patience=2, min_steps=600, min_delta=0.01):
     """The step the plateau rule stops a run at, given its (step, val accuracy, val loss)."""
-    from harness.train.loop import LoopState, stop_reason
+    from harness.train.state import LoopState, stop_reason
 
     loop = LoopState()
     for step, accuracy, loss in history:

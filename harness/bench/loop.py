@@ -87,7 +87,7 @@ def time_train_loop(plan: RunPlan) -> float:
 def time_bare_loop(plan: RunPlan, steps: int, warmup: int = 3) -> float:
     """Steps per second of forward + backward + optimizer alone on the plan's model and batch size."""
     from harness.tasks import label_positions
-    from harness.train.loop import autocast_factory, build_optimizer, lm_loss
+    from harness.train.optim import autocast_factory, build_optimizer, lm_loss
 
     tr, device = plan.cfg.trainer, plan.device
     batch = plan.module.make_batch(plan.tcfg, tr.batch_size, seed=0, device=device, split="train")
@@ -123,7 +123,7 @@ def time_plain_loop(plan: RunPlan, steps: int) -> float:
     on its model with model.short_conv=false, no fault watch and no clipping."""
     from dataclasses import replace
 
-    from harness.train.loop import autocast_factory, build_optimizer, lm_loss, lr_schedule, train_batches
+    from harness.train.optim import autocast_factory, build_optimizer, lm_loss, lr_schedule, train_batches
 
     cfg, tr, device = plan.cfg, plan.cfg.trainer, plan.device
     module, tcfg = plan.module, plan.tcfg

@@ -3,7 +3,7 @@
 A checkpoint holds the model, optimiser and scheduler states, every random number generator
 and the loop's own state (step, the running loss, the last evaluation). The data needs no
 state of its own: training batch i is a pure function of (seed, i) (see
-`harness.train.loop.train_batches`), so the step is the data position.
+`harness.train.optim.train_batches`), so the step is the data position.
 
 It is written atomically (temporary file, fsync, rename), so a run killed at any moment leaves
 the previous checkpoint or the new one, and it loads with ``weights_only=True``: only tensors

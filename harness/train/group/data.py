@@ -1,6 +1,6 @@
 """Each member's training batches, from its own stream, stacked for the group's step.
 
-A member's batches are its solo run's: harness.train.loop.train_batches with its seed and task
+A member's batches are its solo run's: harness.train.optim.train_batches with its seed and task
 settings, from its step on (a resumed group gets the same data). Members may differ in task
 settings that fix no shape; where they differ in how many positions are labelled (the number of
 pairs, say), each member's labelled positions are padded to the longest with position 0 and
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from harness.config.plan import RunPlan
 from harness.tasks import IGNORE
-from harness.train.loop import train_batches
+from harness.train.optim import train_batches
 
 
 class MemberBatches:

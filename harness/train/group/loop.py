@@ -5,7 +5,7 @@
 (group.data), one vmapped forward and backward, each member's gradients clipped to its own norm
 and stepped by AdamW with its own rate and schedule (group.optim). Every member is evaluated on
 its own validation sets at its own `eval_every` and stops by its own rule
-(harness.train.loop.stop_reason, with the solo run's LoopState): a stopped member leaves the
+(harness.train.state.stop_reason, with the solo run's LoopState): a stopped member leaves the
 stack with its weights as they were (frozen, never decayed), and the others go on. A member that
 fails a numerical check (group.watch) is frozen at its last clean step and reported, alone.
 
@@ -35,7 +35,8 @@ from harness.train.group.optim import GroupAdamW, adamw_settings, clip_per_membe
 from harness.train.group.signature import why_apart
 from harness.train.group.stack import MemberStack, build_member
 from harness.train.group.watch import MemberWatch
-from harness.train.loop import LoopState, autocast_factory, lm_loss, lr_schedule, stop_reason
+from harness.train.optim import autocast_factory, lm_loss, lr_schedule
+from harness.train.state import LoopState, stop_reason
 
 GROUP_FORMAT = 1  # of a group checkpoint
 
@@ -70,7 +71,7 @@ class Member:
     plan: RunPlan
     model: LanguageModel                      # evaluated in place; holds its final weights at the end
     periodic: list[EvalSet]                   # its validation sets (harness.train.evaluate.periodic_sets)
-    factor: Callable[[int], float]            # its learning-rate schedule (harness.train.loop.lr_schedule)
+    factor: Callable[[int], float]            # its learning-rate schedule (harness.train.optim.lr_schedule)
     tr: Settings
     loop: LoopState = field(default_factory=LoopState)
     history: list[dict] = field(default_factory=list)      # validation rows, as metrics.jsonl holds them

@@ -2,9 +2,9 @@
 weight decay and gradient clipping, and a mask that leaves a member exactly as it was.
 
 A solo run clips its gradients to their global norm (harness.train.faults.FaultWatch, as
-clip_grad_norm_ does) and steps torch.optim.AdamW built by harness.train.loop.build_optimizer:
+clip_grad_norm_ does) and steps torch.optim.AdamW built by harness.train.optim.build_optimizer:
 weight decay on the matrices only, betas (0.9, 0.98), eps 1e-8, the rate of
-harness.train.loop.lr_schedule. Here the group's (G, P) parameters take the same arithmetic as
+harness.train.optim.lr_schedule. Here the group's (G, P) parameters take the same arithmetic as
 torch's single-tensor AdamW with the per-member numbers broadcast along their rows, so
 a member's step is its solo step. A member whose ``active`` entry is False keeps its parameters,
 moments and step count bit for bit (a stopped or failed member: frozen, not decayed). One
@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness.model import LanguageModel
-from harness.train.loop import build_optimizer
+from harness.train.optim import build_optimizer
 
 def decay_split(model: LanguageModel, tr, slots) -> torch.Tensor:
     """(P,) bool over a member's row of parameters (``slots``: harness.train.group.stack.layout):

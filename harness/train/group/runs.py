@@ -3,7 +3,7 @@
 ``train_members(plans, out_dirs, ...)`` trains the plans as one group (group.loop.train_group,
 checkpointed to one group file, stopped by SIGTERM/SIGINT as a solo run is) and then, member by
 member in its own directory, does what a solo run does after its last step
-(harness.train.loop.finish: the final validation and the test evaluation, the summary, the
+(harness.train.finish.finish: the final validation and the test evaluation, the summary, the
 measurements, model.pt, results.json), with its validation rows in metrics.jsonl and its
 training-loss and validation rows replayed to its own logger. A member that failed a numerical
 check gets a failed results.json with its fault (``fault`` and ``fault_step``), alone.
@@ -90,7 +90,10 @@ def finish_member(m: Member, out_dir: Path, group: dict[str, Any]) -> dict[str, 
     """The member's run directory, as its solo run leaves it (module doc)."""
     from harness.model import label
     from harness.outputs.wandb_logger import make_logger
-    from harness.train.loop import Run, StepClock, autocast_factory, finish, report
+    from harness.train.finish import finish, report
+    from harness.train.loop import Run
+    from harness.train.optim import autocast_factory
+    from harness.train.state import StepClock
 
     plan, tr = m.plan, m.plan.cfg.trainer
     results = base_results(plan.cfg, plan.flat, plan.digest)
