@@ -114,3 +114,30 @@ def test_a_stopped_group_checkpoints_and_every_member_records_the_stop(tmp_path)
         results = json.loads((sweep / str(i) / "results.json").read_text())
         assert results["status"] == "failed" and "stopped by SIGTERM after step" in results["error"], results["error"]
         assert ".groups" in results["error"]  # the checkpoint that holds it
+
+
+class _Loader:
+    """Hydra's config loader as plan_units calls it: each job's overrides composed (with a hydra node)."""
+
+    def load_sweep_config(self, config, overrides):
+        from omegaconf import open_dict
+
+        from harness.config.compose import compose_config
+
+        cfg = compose_config(list(overrides))
+        with open_dict(cfg):
+            cfg.hydra = {}
+        return cfg
+
+
+def test_the_units_give_every_worker_work_and_count_every_job():
+    from harness.run.grouped import describe, plan_units
+
+    jobs = [["model=elu", "model.d_model=16", f"trainer.lr={lr}"] for lr in ("1e-3", "3e-3", "1e-2")]
+    units, alone = plan_units(None, _Loader(), jobs, n_jobs=2)
+    assert sorted(map(len, units)) == [1, 2] and sorted(i for u in units for i in u) == [0, 1, 2]
+    assert list(alone) == [2] and "each of the 2 workers has work" in alone[2]
+    said = describe(units, alone, 2)
+    assert said[0].startswith("[harness] grouped training: 2 of 3 jobs in 1 group(s) (sizes 2), 1 alone")
+    units, alone = plan_units(None, _Loader(), jobs + [["model=softmax", "model.d_model=16"]], n_jobs=1)
+    assert units == [[0, 1, 2], [3]] and "no other run shares its shape" in alone[3]

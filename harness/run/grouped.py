@@ -63,7 +63,10 @@ def plan_units(config: DictConfig, config_loader, job_overrides: Sequence[Sequen
     cap = max(1, min(max_group, spread, *(_memory_bound(p) for p in first_of_shape.values())))
     groups, apart = group_plans([plans[i] for i in index], max_size=cap)
     alone.update({index[k]: why for k, why in apart.items()})
-    units = [[index[k] for k in g] for g in groups] + [[i] for i in alone]
+    for g in groups:  # cut to one member so that every worker has a unit
+        if len(g) == 1:
+            alone[index[g[0]]] = f"its shape's groups were cut to at most {cap} so that each of the {n_jobs} workers has work"
+    units = [[index[k] for k in g] for g in groups if len(g) > 1] + [[i] for i in alone]
     return sorted(units, key=lambda u: u[0]), alone
 
 
