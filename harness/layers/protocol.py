@@ -199,6 +199,7 @@ class Mixer(nn.Module):
     monotone_in_score: bool = False
     wants_learned_positions: bool = False
     has_decay: bool = False
+    fixed_decays: bool = False  # its decays are constants per head, not learned or data-dependent (retnet)
     heads_per_readout: int = 1  # consecutive effective-weight heads read out together
     memory_kind: str = "state"  # what decoding keeps: a fixed state, or a KV cache (softmax, swa)
     init_by_model: bool = True  # the language model's Xavier / unit-embedding init applies

@@ -44,6 +44,7 @@ class Retention(Mixer):
     core = "decay_scalar"
     kernel = "identity"
     has_decay = True
+    fixed_decays = True  # gamma_h = 1 - 2^(-5-h) per head (retnet_log_gammas): what the cost bench draws
 
     @staticmethod
     def check_config(config) -> None:

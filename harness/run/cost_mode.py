@@ -34,6 +34,7 @@ def cost_run(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
     from harness.bench.report import crossovers, format_tables, limit_ratios, memory_exponents
     from harness.bench.run import BenchConfig, measure_forms
     from harness.bench.timing import median
+    from harness.layers import registry
 
     started = time.time()
     cfg, device = plan.cfg, plan.device
@@ -46,7 +47,7 @@ def cost_run(plan: RunPlan, out_dir: Path) -> dict[str, Any]:
                         chunk_sizes=[cfg.model.chunk_size], max_call_s=MAX_CALL_S)
     say = (lambda s: print(s, flush=True)) if cfg.trainer.progress else (lambda s: None)
     rows, rates = measure_forms(bench, device, torch.float32, d_key=d_key, log=say,
-                                retnet=cfg.model.name == "retnet")
+                                retnet=bool(getattr(registry.resolve(cfg.model.name), "fixed_decays", False)))
     for row in rows:
         row["model"] = cfg.model.name
         row.pop("samples", None)
