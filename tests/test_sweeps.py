@@ -187,6 +187,11 @@ def test_no_sweep_file_is_kept_in_the_package():
     assert package not in (Path.cwd() / wandb_sweeps.OUT_DIR).resolve().parents
 
 
+# A budget check asks whether runs leave a plateau within a fixed number of steps: no plateau
+# stop (that is what it checks), and a threshold that only ends a run that has plainly learned
+BUDGET_CHECKS = {"findings/mechanism_budget"}
+
+
 @pytest.mark.parametrize("profile", ["quick", "paper", "findings"])
 def test_trained_experiments_stop_on_a_plateau_never_at_a_threshold(profile):
     """A run stopped at trainer.target_accuracy reports the threshold; every trained experiment
@@ -196,7 +201,7 @@ def test_trained_experiments_stop_on_a_plateau_never_at_a_threshold(profile):
     trained = 0
     for name in smoke.experiments(profile):
         cfg = compose_experiment(profile, name)
-        if cfg.mode != "train":
+        if cfg.mode != "train" or f"{profile}/{name}" in BUDGET_CHECKS:
             continue
         trained += 1
         assert cfg.trainer.target_accuracy is None, f"{profile}/{name}: trainer.target_accuracy set"

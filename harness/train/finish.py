@@ -17,7 +17,7 @@ from harness.outputs.results import RESULTS_FILE, env_info, write_json
 from harness.train.evaluate import EvalSet, evaluate, periodic_sets, with_val_accuracy
 
 if TYPE_CHECKING:
-    from harness.train.loop import Run
+    from harness.train.state import Run
 
 
 def _measure(model, eval_sets: list[EvalSet], examples: int, train_len: int) -> dict[str, Any]:

@@ -14,9 +14,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -25,54 +24,12 @@ from harness.config.plan import RunPlan
 from harness.errors import OutOfMemory, first_line, is_out_of_memory
 from harness.model import label
 from harness.outputs.results import METRICS_FILE, MetricsLog, base_results
-from harness.train.evaluate import EvalSet, evaluate, make_eval_sets, periodic_sets
+from harness.train.evaluate import evaluate, make_eval_sets, periodic_sets
 from harness.train.faults import FaultWatch, NumericalFault, StopRequest
 from harness.train.finish import finish, report
 from harness.train.optim import (autocast_factory, build_optimizer, jitter_weights, lm_loss, lr_schedule,
                                  train_batches)
-from harness.train.state import LoopState, StepClock, checkpoint_payload, restore_checkpoint, stop_reason
-
-if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
-    from harness.model import LanguageModel
-    from harness.outputs.wandb_logger import NullLogger, WandbLogger
-
-
-@dataclass
-class Run:
-    """A training run under way: its plan, the model and optimiser, the evaluation sets, the loop's
-    state and where it writes (what the phases start, steps and finish pass on). A group's member
-    (harness.train.group.runs) is finished as one, with no optimizer or schedule of its own."""
-    plan: RunPlan
-    out_dir: Path
-    model: LanguageModel
-    step_model: torch.nn.Module      # the model the step calls (compiled with trainer.compile)
-    watch: FaultWatch
-    opt: Optional[torch.optim.Optimizer]
-    sched: Optional[torch.optim.lr_scheduler.LRScheduler]
-    autocast: Callable[[], AbstractContextManager]
-    loop: LoopState
-    eval_sets: list[EvalSet]         # the test split: reported at the end
-    periodic: list[EvalSet]          # the validation split, evaluated every eval_every steps
-    logger: NullLogger | WandbLogger
-    metrics: MetricsLog
-    terminate: Optional[StopRequest]
-    results: dict[str, object]
-    started: float                   # wall-clock start (earlier by a resumed run's elapsed time)
-    cpu_started: float
-    ckpt_path: Optional[Path] = None
-    ckpt_step: Optional[int] = None
-    batches: Optional[Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None
-    bar: Optional[tqdm] = None
-    clock: Optional[StepClock] = None
-    eval_lines: bool = False         # one line per evaluation (a non-terminal log) instead of the bar
-    setup_s: float = 0.0             # this process's seconds before its first step
-    memory_lines: Optional[list[str]] = None  # the printed account of the model's memory (memory_lines)
-
-    @property
-    def checkpoint_record(self) -> dict[str, Any] | None:
-        return {"path": str(self.ckpt_path), "step": self.ckpt_step} if self.ckpt_step is not None else None
+from harness.train.state import LoopState, Run, StepClock, checkpoint_payload, restore_checkpoint, stop_reason
 
 
 def train(plan: RunPlan, out_dir: Path, on_step: Callable[[int], None] | None = None,

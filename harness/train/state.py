@@ -1,16 +1,28 @@
 """What the training loop carries between steps: its state (LoopState, and the checkpoint that
-saves it with the model and optimizer), the rule that stops it (stop_reason) and the clock that
-times its steps (StepClock)."""
+saves it with the model and optimizer), the rule that stops it (stop_reason), the clock that
+times its steps (StepClock), and the run under way that its phases pass on (Run)."""
 from __future__ import annotations
 
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
 from harness.config.plan import RunPlan
+from harness.outputs.results import MetricsLog
+from harness.train.evaluate import EvalSet
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from tqdm import tqdm
+
+    from harness.model import LanguageModel
+    from harness.outputs.wandb_logger import NullLogger, WandbLogger
+    from harness.train.faults import FaultWatch, StopRequest
 
 
 class StepClock:
@@ -105,3 +117,39 @@ def restore_checkpoint(saved: dict[str, Any], model, opt, sched) -> LoopState:
     loop = LoopState(**saved["loop"])
     loop.running = loop.running.to(next(model.parameters()).device)
     return loop
+
+
+@dataclass
+class Run:
+    """A training run under way: its plan, the model and optimiser, the evaluation sets, the loop's
+    state and where it writes (what the phases start, steps and finish pass on). A group's member
+    (harness.train.group.runs) is finished as one, with no optimizer or schedule of its own."""
+    plan: RunPlan
+    out_dir: Path
+    model: LanguageModel
+    step_model: torch.nn.Module      # the model the step calls (compiled with trainer.compile)
+    watch: FaultWatch
+    opt: Optional[torch.optim.Optimizer]
+    sched: Optional[torch.optim.lr_scheduler.LRScheduler]
+    autocast: Callable[[], AbstractContextManager]
+    loop: LoopState
+    eval_sets: list[EvalSet]         # the test split: reported at the end
+    periodic: list[EvalSet]          # the validation split, evaluated every eval_every steps
+    logger: NullLogger | WandbLogger
+    metrics: MetricsLog
+    terminate: Optional[StopRequest]
+    results: dict[str, object]
+    started: float                   # wall-clock start (earlier by a resumed run's elapsed time)
+    cpu_started: float
+    ckpt_path: Optional[Path] = None
+    ckpt_step: Optional[int] = None
+    batches: Optional[Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None
+    bar: Optional[tqdm] = None
+    clock: Optional[StepClock] = None
+    eval_lines: bool = False         # one line per evaluation (a non-terminal log) instead of the bar
+    setup_s: float = 0.0             # this process's seconds before its first step
+    memory_lines: Optional[list[str]] = None  # the printed account of the model's memory (memory_lines)
+
+    @property
+    def checkpoint_record(self) -> dict[str, Any] | None:
+        return {"path": str(self.ckpt_path), "step": self.ckpt_step} if self.ckpt_step is not None else None

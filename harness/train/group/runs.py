@@ -91,9 +91,8 @@ def finish_member(m: Member, out_dir: Path, group: dict[str, Any]) -> dict[str, 
     from harness.model import label
     from harness.outputs.wandb_logger import make_logger
     from harness.train.finish import finish, report
-    from harness.train.loop import Run
     from harness.train.optim import autocast_factory
-    from harness.train.state import StepClock
+    from harness.train.state import Run, StepClock
 
     plan, tr = m.plan, m.plan.cfg.trainer
     results = base_results(plan.cfg, plan.flat, plan.digest)
