@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-NAMES = ("identity", "elu1", "favor", "taylor", "dpfp")
 FAVOR_SIGNS = ("positive", "both")  # features per projection: exp(+w.x - ...) alone, or with exp(-w.x - ...)
 
 
@@ -177,40 +178,64 @@ class Favor:
                 f"offset={self.offset_rule!r}, signs={self.signs!r})")
 
 
+@dataclass(frozen=True)
+class FeatureMap:
+    """A registered feature map: how it is built for inputs of dimension d (``build(d, m=, seed=,
+    nu=, signs=)`` -> phi, each map reading the options it has), its output width (``dim(d, m=,
+    nu=)``), and the peak bytes of building it (``draw_bytes(d, m)``: FAVOR+'s draw, 0 for the
+    fixed maps). A new map is one ``register`` call beside its function; its kernel's d_kernel,
+    where one is known, registers in harness.measure.theory (kernel_dim)."""
+    name: str
+    build: Callable[..., Callable]
+    dim: Callable[..., int]
+    draw_bytes: Callable[[int, Optional[int]], int] = lambda d, m: 0
+
+
+MAPS: dict[str, FeatureMap] = {}
+
+
+def register(name: str, build: Callable[..., Callable], dim: Callable[..., int],
+             draw_bytes: Callable[[int, Optional[int]], int] | None = None) -> FeatureMap:
+    """Make the map ``name`` known to feature_map, feature_dim and draw_bytes."""
+    if name in MAPS:
+        raise ValueError(f"feature map {name!r} is registered already")
+    MAPS[name] = FeatureMap(name, build, dim, draw_bytes or (lambda d, m: 0))
+    return MAPS[name]
+
+
+def _map(name: str) -> FeatureMap:
+    if name not in MAPS:
+        raise ValueError(f"unknown feature map {name!r}; expected one of {tuple(MAPS)}")
+    return MAPS[name]
+
+
 def feature_map(name: str, d: int, *, m: int | None = None, seed: int = 0, nu: int = 1, signs: str = "positive"):
     """The feature map called ``name`` for inputs of dimension d (a callable, phi(x, is_query=...));
     m: FAVOR+'s feature count and signs its features per projection, nu: DPFP's number of shifts."""
-    if name == "dpfp":
-        return functools.partial(dpfp, nu=nu)
-    if name == "identity":
-        return identity
-    if name == "elu1":
-        return elu1
-    if name == "taylor":
-        return taylor2
-    if name == "favor":
-        return Favor(d, m, seed=seed, signs=signs)
-    raise ValueError(f"unknown feature map {name!r}; expected one of {NAMES}")
+    return _map(name).build(d, m=m, seed=seed, nu=nu, signs=signs)
 
 
 def draw_bytes(name: str, d: int, m: int | None = None) -> int:
-    """Peak bytes of building the map ``name`` for inputs of dimension d: FAVOR+'s float64 draw
-    (the Gaussian blocks, their QR factors, the rows and their norms); 0 for the fixed maps."""
-    if name != "favor":
-        return 0
-    m = feature_dim(name, d, m)  # projections <= features: the positive form's draw bounds the other's
-    blocks = -(-m // d)
-    return 8 * (3 * blocks * d * d + 3 * m * d)
+    """Peak bytes of building the map ``name`` for inputs of dimension d (FeatureMap.draw_bytes)."""
+    return _map(name).draw_bytes(d, m)
 
 
 def feature_dim(name: str, d: int, m: int | None = None, nu: int = 1) -> int:
     """Output dimension of the feature map ``name`` on inputs of dimension d."""
-    if name == "dpfp":
-        return 2 * d * nu
-    if name in ("identity", "elu1"):
-        return d
-    if name == "taylor":
-        return 1 + d + d * d
-    if name == "favor":
-        return default_favor_features(d) if m is None else int(m)
-    raise ValueError(f"unknown feature map {name!r}; expected one of {NAMES}")
+    return _map(name).dim(d, m=m, nu=nu)
+
+
+def _favor_draw_bytes(d: int, m: int | None) -> int:
+    """FAVOR+'s float64 draw: the Gaussian blocks, their QR factors, the rows and their norms."""
+    m = feature_dim("favor", d, m)  # projections <= features: the positive form's draw bounds the other's
+    blocks = -(-m // d)
+    return 8 * (3 * blocks * d * d + 3 * m * d)
+
+
+register("identity", lambda d, **_: identity, lambda d, **_: d)
+register("elu1", lambda d, **_: elu1, lambda d, **_: d)
+register("favor", lambda d, m=None, seed=0, signs="positive", **_: Favor(d, m, seed=seed, signs=signs),
+         lambda d, m=None, **_: default_favor_features(d) if m is None else int(m), _favor_draw_bytes)
+register("taylor", lambda d, **_: taylor2, lambda d, **_: 1 + d + d * d)
+register("dpfp", lambda d, nu=1, **_: functools.partial(dpfp, nu=nu), lambda d, nu=1, **_: 2 * d * nu)
+NAMES = tuple(MAPS)  # the built-in maps, in registration order

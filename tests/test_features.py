@@ -263,3 +263,31 @@ def test_the_draw_a_model_uses_is_the_same_whatever_the_threads_and_kernels():
     digests = {subprocess.run([sys.executable, "-c", DRAW_DIGEST], env={**os.environ, **env}, capture_output=True,
                               text=True, check=True).stdout.strip() for env in settings}
     assert len(digests) == 1, digests
+
+
+def test_a_new_feature_map_and_its_kernel_register_without_editing_the_harness():
+    """One register call beside the map's function (harness.features) and one kernel_dim beside
+    its theory (harness.measure.theory): feature_map, feature_dim, draw_bytes and
+    kernel_effective_dim know it, and nothing else changes."""
+    import torch
+
+    from harness import features
+    from harness.measure import theory
+
+    before = dict(features.MAPS)
+    try:
+        features.register("square", lambda d, **_: (lambda x, *, is_query=False: x * x), lambda d, **_: d)
+        theory.kernel_dim("square")(lambda d: float(d) / 3)
+        phi = features.feature_map("square", 4)
+        assert torch.equal(phi(torch.tensor([1.0, -2.0, 3.0, 0.5])), torch.tensor([1.0, 4.0, 9.0, 0.25]))
+        assert features.feature_dim("square", 4) == 4 and features.draw_bytes("square", 4) == 0
+        assert theory.kernel_effective_dim("square", 12) == 4.0
+        with pytest.raises(ValueError, match="registered already"):
+            features.register("square", lambda d, **_: None, lambda d, **_: d)
+    finally:
+        features.MAPS.clear()
+        features.MAPS.update(before)
+        theory.KERNEL_DIMS.pop("square", None)
+        theory.kernel_effective_dim.cache_clear()
+    with pytest.raises(ValueError, match="unknown feature map 'square'"):
+        features.feature_map("square", 4)

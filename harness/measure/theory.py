@@ -121,6 +121,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import numpy as np
 from scipy import integrate, interpolate, optimize, signal, special, stats
@@ -291,28 +292,57 @@ def kernel_effective_dim(kernel: str, d: int) -> float:
       favor      NaN: FAVOR+ estimates the softmax kernel with a relative variance
                  ~ exp(|x + y|^2) / m; its moments are set by draws no finite sample reaches,
                  so no moment-based prediction is made (the probe measures it).
-    The names are those a mixer declares as its `kernel` (harness.layers.protocol).
+    The names are those a mixer declares as its `kernel` (harness.layers.protocol); a kernel
+    registers its d_kernel with ``kernel_dim`` (a feature map's, beside harness.features'
+    register), "dpfp<nu>" reads its nu from the name.
     """
-    name = kernel
-    if name == "identity":
-        return float(d)
-    if name == "elu1":
-        m1, m2, m4 = (_gaussian_moment(_elu1, p) for p in (1, 2, 4))
-        self_sq = d * m4 + d * (d - 1) * m2**2   # E (sum_c phi_c^2)^2
-        cross_sq = d * m2**2 + d * (d - 1) * m1**4  # E (sum_c phi_c phi'_c)^2
-        return self_sq / cross_sq
-    if name == "softmax":
-        c = 2 * math.sqrt(d)  # kappa(k,k)^2 = exp(2 sqrt d); kappa(k,k')^2 = exp(2 sqrt(d) t)
-        return math.exp(c - _log_sphere_mgf(c, d))
-    if name == "taylor":
-        # s = sqrt(d) t: E s^2 = 1, E s^3 = 0, E s^4 = 3 d / (d + 2)
-        cross_sq = 1 + 2 * 1.0 + (3 * d / (d + 2)) / 4
-        return (1 + math.sqrt(d) + d / 2) ** 2 / cross_sq
-    if name == "favor":
-        return math.nan
-    if name.startswith("dpfp") and name[4:].isdigit():
-        return dpfp_effective_dim(d, int(name[4:]))
-    raise ValueError(f"unknown kernel {kernel!r}; valid: identity, elu1, softmax, taylor, favor, dpfp<nu>")
+    if kernel in KERNEL_DIMS:
+        return KERNEL_DIMS[kernel](d)
+    if kernel.startswith("dpfp") and kernel[4:].isdigit():
+        return dpfp_effective_dim(d, int(kernel[4:]))
+    raise ValueError(f"unknown kernel {kernel!r}; valid: {', '.join(KERNEL_DIMS)}, dpfp<nu>")
+
+
+KERNEL_DIMS: dict[str, Callable[[int], float]] = {}
+
+
+def kernel_dim(name: str):
+    """Register ``fn(d) -> d_kernel`` as the effective dimension of the kernel ``name``."""
+    def register(fn: Callable[[int], float]) -> Callable[[int], float]:
+        KERNEL_DIMS[name] = fn
+        return fn
+    return register
+
+
+@kernel_dim("identity")
+def _identity_dim(d: int) -> float:  # kappa = q.k: d exactly
+    return float(d)
+
+
+@kernel_dim("elu1")
+def _elu1_dim(d: int) -> float:
+    m1, m2, m4 = (_gaussian_moment(_elu1, p) for p in (1, 2, 4))
+    self_sq = d * m4 + d * (d - 1) * m2**2   # E (sum_c phi_c^2)^2
+    cross_sq = d * m2**2 + d * (d - 1) * m1**4  # E (sum_c phi_c phi'_c)^2
+    return self_sq / cross_sq
+
+
+@kernel_dim("softmax")
+def _softmax_dim(d: int) -> float:
+    c = 2 * math.sqrt(d)  # kappa(k,k)^2 = exp(2 sqrt d); kappa(k,k')^2 = exp(2 sqrt(d) t)
+    return math.exp(c - _log_sphere_mgf(c, d))
+
+
+@kernel_dim("taylor")
+def _taylor_dim(d: int) -> float:
+    # s = sqrt(d) t: E s^2 = 1, E s^3 = 0, E s^4 = 3 d / (d + 2)
+    cross_sq = 1 + 2 * 1.0 + (3 * d / (d + 2)) / 4
+    return (1 + math.sqrt(d) + d / 2) ** 2 / cross_sq
+
+
+@kernel_dim("favor")
+def _favor_dim(d: int) -> float:  # no moment-based prediction (docstring of kernel_effective_dim)
+    return math.nan
 
 
 # --------------------------------------------------------------------------------------------
