@@ -104,6 +104,8 @@ grids = {name: experiment_grid(name) for name in names}
 # (tests/test_experiments.py holds its slots to built-ins); its figure names no new mixer either
 stacks = {name.split("/")[-1] for name, grid in grids.items() if "model" not in grid and "model.layers" in grid}
 grids = {name: grid["model"] for name, grid in grids.items() if name.split("/")[-1] not in stacks}
+# an experiment that sweeps one mixer by name rechecks that mixer's cells (findings/mechanism_budget)
+grids = {name: models for name, models in grids.items() if len(models) > 1}
 sweep = wandb_sweeps.from_experiment("mqar")["parameters"]["model"]["values"]
 
 sys.path.insert(0, "tests/fixtures")
