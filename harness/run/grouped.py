@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -109,41 +108,25 @@ def describe(units: list[list[int]], alone: dict[int, str], n_jobs: int) -> list
 
 def execute_unit(indices: Sequence[int], overrides: Sequence[Sequence[str]], hydra_context, config: DictConfig,
                  task_function, singleton_state: dict[Any, Any]) -> list:
-    """One unit in a worker: a job alone as joblib's launcher runs it, or a group (module doc)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.singleton import Singleton
-    from hydra.core.utils import JobStatus, run_job, setup_globals
+    """One unit in a worker: a job alone as joblib's launcher runs it, or a group (module doc): each
+    member's directory made and claimed by joblib's own execute_job with claim_member as the task."""
+    from hydra.core.utils import JobStatus
     from hydra_plugins.hydra_joblib_launcher._core import execute_job
 
     if len(indices) == 1:
         return [execute_job(indices[0], overrides[0], hydra_context, config, task_function, singleton_state)]
     from harness.run.job import claim_member
-    from harness.train.faults import StopRequest
+    from harness.run.sweep import exit_if_stopped
 
-    setup_globals()
-    Singleton.set_state(singleton_state)
-    returns, claimed = [], []
-    for idx, job in zip(indices, overrides):
-        sweep_cfg = hydra_context.config_loader.load_sweep_config(config, list(job))
-        with open_dict(sweep_cfg):
-            sweep_cfg.hydra.job.id = f"{sweep_cfg.hydra.job.name}_{idx}"
-            sweep_cfg.hydra.job.num = idx
-        HydraConfig.instance().set_config(sweep_cfg)
-        ret = run_job(hydra_context=hydra_context, config=sweep_cfg, task_function=claim_member,
-                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-        returns.append(ret)
-        if ret.status == JobStatus.COMPLETED and isinstance(ret.return_value, tuple):
-            claimed.append(len(returns) - 1)
+    returns = [execute_job(idx, job, hydra_context, config, claim_member, singleton_state)
+               for idx, job in zip(indices, overrides)]
+    claimed = [k for k, ret in enumerate(returns)
+               if ret.status == JobStatus.COMPLETED and isinstance(ret.return_value, tuple)]
     if claimed:
         outs = train_claimed([returns[k].return_value for k in claimed], Path(str(config.hydra.sweep.dir)))
         for k, out in zip(claimed, outs):
             returns[k].return_value = out
-    if StopRequest.received() is not None:  # as harness.run.sweep.SweepSummary.on_job_end: no next job
-        sys.stdout.flush()
-        sys.stderr.flush()
-        import os
-
-        os._exit(128 + StopRequest.received())
+    exit_if_stopped()  # a stopped group's worker takes no next unit
     return returns
 
 

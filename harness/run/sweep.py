@@ -75,6 +75,16 @@ def _is_resource_tracker(proc) -> bool:
         return False
 
 
+def exit_if_stopped() -> None:
+    """In a worker: after a run stopped by a signal (its checkpoint and results.json written),
+    exit with the signal's code instead of starting the next job."""
+    signum = StopRequest.received()
+    if signum is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+
 class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # in the parent, before any worker starts; a run in this process (the basic launcher)
@@ -85,11 +95,7 @@ class SweepSummary(Callback):
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         """In the process that ran the job: after a run stopped by a signal, exit (it has written
         its checkpoint and results.json) instead of starting the next job."""
-        signum = StopRequest.received()
-        if signum is not None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(128 + signum)
+        exit_if_stopped()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

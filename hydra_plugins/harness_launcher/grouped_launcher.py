@@ -5,7 +5,6 @@ harness.run.grouped. Its settings are joblib's and three more: ``group`` (false:
 as joblib's own launcher), ``max_group`` and ``group_max_width``.
 """
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -15,9 +14,6 @@ from hydra.core.utils import JobReturn, configure_log, setup_globals
 from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
 from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
-
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class GroupedLauncherConf(JobLibLauncherConf):
