@@ -115,24 +115,33 @@ def execute_unit(indices: Sequence[int], overrides: Sequence[Sequence[str]], hyd
 
     if len(indices) == 1:
         return [execute_job(indices[0], overrides[0], hydra_context, config, task_function, singleton_state)]
-    from harness.run.job import claim_member
+    from harness.run.job import Claimed, claim_member
     from harness.run.sweep import exit_if_stopped
+    from harness.train.faults import StopRequest
 
-    returns = [execute_job(idx, job, hydra_context, config, claim_member, singleton_state)
-               for idx, job in zip(indices, overrides)]
-    claimed = [k for k, ret in enumerate(returns)
-               if ret.status == JobStatus.COMPLETED and isinstance(ret.return_value, tuple)]
-    if claimed:
-        outs = train_claimed([returns[k].return_value for k in claimed], Path(str(config.hydra.sweep.dir)))
-        for k, out in zip(claimed, outs):
-            returns[k].return_value = out
+    # From the first claim to the last member's results.json a stop signal is the unit's to answer
+    # (checkpoint the group, record the stop in every member, exit): the worker's default action
+    # would kill it with its members claimed and nothing said in their directories.
+    stop = StopRequest()
+    try:
+        returns = [execute_job(idx, job, hydra_context, config, claim_member, singleton_state)
+                   for idx, job in zip(indices, overrides)]
+        claimed = [k for k, ret in enumerate(returns)
+                   if ret.status == JobStatus.COMPLETED and isinstance(ret.return_value, Claimed)]
+        if claimed:
+            outs = train_claimed([returns[k].return_value for k in claimed], Path(str(config.hydra.sweep.dir)), stop)
+            for k, out in zip(claimed, outs):
+                returns[k].return_value = out
+    finally:
+        stop.restore()
     exit_if_stopped()  # a stopped group's worker takes no next unit
     return returns
 
 
-def train_claimed(claims: list[tuple], sweep_dir: Path) -> list[dict[str, Any]]:
-    """The claimed members trained as one group (one alone as a solo run), each one's outcome; a
-    failure of the group as a whole (no member's own) is recorded in every member's directory."""
+def train_claimed(claims: list, sweep_dir: Path, stop=None) -> list[dict[str, Any]]:
+    """The claimed members (harness.run.job.Claimed) trained as one group (one alone as a solo
+    run), each one's outcome; a failure of the group as a whole (no member's own) is recorded in
+    every member's directory. ``stop``: the unit's StopRequest, held since its first claim."""
     from harness.outputs.results import base_results
     from harness.run.job import _run_claimed
     from harness.train.group.runs import train_members
@@ -148,7 +157,7 @@ def train_claimed(claims: list[tuple], sweep_dir: Path) -> list[dict[str, Any]]:
             plan, run = claims[0]
             return [_run_claimed(plan, run, goes_on, None, base_results(plan.cfg, plan.flat, plan.digest))]
         try:
-            return train_members(plans, [run.path for _, run in claims], sweep_dir=sweep_dir)
+            return train_members(plans, [run.path for _, run in claims], sweep_dir=sweep_dir, stop=stop)
         except Exception as exc:  # the group as a whole: said in each member's results.json
             return [_run_claimed(plan, run, goes_on, exc, base_results(plan.cfg, plan.flat, plan.digest))
                     for plan, run in claims]

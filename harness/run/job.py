@@ -14,7 +14,7 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig
 
@@ -110,9 +110,16 @@ def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -
         run.release()
 
 
-def claim_member(cfg: DictConfig) -> dict[str, Any] | tuple[RunPlan, RunDir]:
+class Claimed(NamedTuple):
+    """A group member's job as claim_member leaves it: planned and claimed, not yet run (its group
+    trains it, answers a stop signal for it, and releases the claim)."""
+    plan: RunPlan
+    run: RunDir
+
+
+def claim_member(cfg: DictConfig) -> dict[str, Any] | Claimed:
     """A sweep job the launcher put in a group (harness.run.grouped): its plan and its claimed
-    directory (the caller trains it with its group and releases the claim), or, when it cannot
+    directory (a Claimed: the caller trains it with its group and releases the claim), or, when it cannot
     join, the job dealt with here as run_job deals with it, and what run_job returns: a config
     refused (recorded), a run finished before (skipped), a run with its own checkpoint
     (resumed alone, bit for bit)."""
@@ -131,7 +138,7 @@ def claim_member(cfg: DictConfig) -> dict[str, Any] | tuple[RunPlan, RunDir]:
             return _run_claimed(plan, run, not cfg.sweep.fail_on_error, None, base_results(cfg, plan.flat, plan.digest))
         finally:
             run.release()
-    return plan, run
+    return Claimed(plan, run)
 
 
 def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exception | None,

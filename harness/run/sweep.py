@@ -46,6 +46,7 @@ def stop_workers(signum: int, frame: Any = None, grace_s: float = STOP_GRACE_S) 
     if _stopping:  # a second signal while waiting: no more waiting
         grace_s = 0.0
     _stopping.append(signum)
+    _spare_the_others()
     name = signal.Signals(signum).name
     below = psutil.Process().children(recursive=True)
     workers = [p for p in below if not _is_resource_tracker(p)]
@@ -66,6 +67,18 @@ def stop_workers(signum: int, frame: Any = None, grace_s: float = STOP_GRACE_S) 
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(128 + signum)  # not SystemExit: the launcher's clean-up would wait on the workers again
+
+
+def _spare_the_others() -> None:
+    """Keep joblib's loky executor from killing the workers still checkpointing. Its manager thread
+    (in this process) takes the first worker to exit for a crash of the pool and SIGKILLs every
+    other worker, so a worker that finished its stop quickly would cost a slower one its
+    checkpoint and results.json; from here on this handler waits for them and kills what is left."""
+    import threading
+
+    for thread in threading.enumerate():
+        if hasattr(thread, "kill_workers") and hasattr(thread, "terminate_broken"):  # loky's manager thread
+            thread.kill_workers = lambda reason="": None
 
 
 def _is_resource_tracker(proc) -> bool:
@@ -94,7 +107,14 @@ class SweepSummary(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         """In the process that ran the job: after a run stopped by a signal, exit (it has written
-        its checkpoint and results.json) instead of starting the next job."""
+        its checkpoint and results.json) instead of starting the next job. A group member's job
+        only claims it: its group, not yet trained, answers the stop (harness.run.grouped)."""
+        from hydra.core.utils import JobStatus
+
+        from harness.run.job import Claimed
+
+        if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, Claimed):
+            return
         exit_if_stopped()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -52,11 +52,13 @@ def find_resume(folder: Path, plans: Sequence[RunPlan]) -> tuple[Optional[Path],
 
 
 def train_members(plans: Sequence[RunPlan], out_dirs: Sequence[Path], *, sweep_dir: Path,
-                  ckpt_every: Optional[int] = None) -> list[dict[str, Any]]:
+                  ckpt_every: Optional[int] = None, stop=None) -> list[dict[str, Any]]:
     """Train ``plans`` as one group and write each member's run into its ``out_dirs`` entry (each
     claimed by the caller); each member's results, in order. A group checkpoint under
     ``sweep_dir``/.groups is written every ``ckpt_every`` steps (the members' trainer.ckpt_every
-    by default) and on a stop signal, and removed once every member's results are written."""
+    by default) and on a stop signal, and removed once every member's results are written.
+    ``stop``: the caller's StopRequest when it already holds the signals (a sweep's unit, from its
+    first claim on); without one, the signals are held for the training here."""
     from harness.train.faults import StopRequest
 
     folder = Path(sweep_dir) / GROUPS_DIR
@@ -66,12 +68,14 @@ def train_members(plans: Sequence[RunPlan], out_dirs: Sequence[Path], *, sweep_d
     if saved is not None:
         print(f"[harness] group of {len(plans)}: resuming from {path} at step {saved['step']}")
     every = ckpt_every if ckpt_every is not None else int(plans[0].cfg.trainer.ckpt_every or 0)
-    stop = StopRequest()
+    own = stop is None
+    stop = StopRequest() if own else stop
     wall0, cpu0 = time.time(), time.process_time()
     try:
         members = train_group(plans, checkpoint=path, ckpt_every=every, resume=saved, stop=stop)
     finally:
-        stop.restore()
+        if own:
+            stop.restore()
     train_wall, train_cpu = time.time() - wall0, time.process_time() - cpu0
     steps = sum(m.loop.step for m in members) or 1
     group = {"size": len(plans), "config_hashes": [p.digest for p in plans], "steps": max(m.loop.step for m in members),
