@@ -94,7 +94,7 @@ import json, shutil, sys
 from pathlib import Path
 
 from harness.conf import CONF_DIR
-from harness.config.compose import experiment_grid
+from harness.config.compose import compose_experiment, experiment_grid
 from harness.run import wandb_sweeps
 
 root = CONF_DIR / "experiment"
@@ -104,8 +104,10 @@ grids = {name: experiment_grid(name) for name in names}
 # (tests/test_experiments.py holds its slots to built-ins); its figure names no new mixer either
 stacks = {name.split("/")[-1] for name, grid in grids.items() if "model" not in grid and "model.layers" in grid}
 grids = {name: grid["model"] for name, grid in grids.items() if name.split("/")[-1] not in stacks}
-# an experiment that sweeps one mixer by name rechecks that mixer's cells (findings/mechanism_budget)
-grids = {name: models for name, models in grids.items() if len(models) > 1}
+# a budget check (no plateau stop) rechecks named mixers' cells of another experiment
+# (findings/mechanism_budget): it sweeps those mixers, not every built-in
+budget = {name for name in grids if compose_experiment(name).mode == "train" and compose_experiment(name).trainer.patience is None}
+grids = {name: models for name, models in grids.items() if name not in budget}
 sweep = wandb_sweeps.from_experiment("mqar")["parameters"]["model"]["values"]
 
 sys.path.insert(0, "tests/fixtures")
