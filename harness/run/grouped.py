@@ -134,7 +134,7 @@ def execute_unit(indices: Sequence[int], overrides: Sequence[Sequence[str]], hyd
                 returns[k].return_value = out
     finally:
         stop.restore()
-    exit_if_stopped()  # a stopped group's worker takes no next unit
+    exit_if_stopped(stop.signum)  # a stopped group's worker takes no next unit
     return returns
 
 

@@ -88,10 +88,11 @@ def _is_resource_tracker(proc) -> bool:
         return False
 
 
-def exit_if_stopped() -> None:
+def exit_if_stopped(signum: int | None = None) -> None:
     """In a worker: after a run stopped by a signal (its checkpoint and results.json written),
-    exit with the signal's code instead of starting the next job."""
-    signum = StopRequest.received()
+    exit with the signal's code instead of starting the next job. ``signum``: the signal a
+    caller's own StopRequest took (a later run in the same process resets received())."""
+    signum = signum or StopRequest.received()
     if signum is not None:
         sys.stdout.flush()
         sys.stderr.flush()
