@@ -106,8 +106,12 @@ stacks = {name.split("/")[-1] for name, grid in grids.items() if "model" not in 
 grids = {name: grid["model"] for name, grid in grids.items() if name.split("/")[-1] not in stacks}
 # a budget check (no plateau stop) rechecks named mixers' cells of another experiment
 # (findings/mechanism_budget): it sweeps those mixers, not every built-in
-budget = {name for name in grids if compose_experiment(name).mode == "train" and compose_experiment(name).trainer.patience is None}
-grids = {name: models for name, models in grids.items() if name not in budget}
+def budget_check(name):
+    composed = compose_experiment(name)
+    return composed.mode == "train" and composed.trainer.patience is None
+
+
+grids = {name: models for name, models in grids.items() if not budget_check(name)}
 sweep = wandb_sweeps.from_experiment("mqar")["parameters"]["model"]["values"]
 
 sys.path.insert(0, "tests/fixtures")
