@@ -3,7 +3,7 @@
 In a temporary copy of the repository (the packages, the results fixture and the document), each
 test writes a throwaway mixer, task or figure by exactly the files the document lists, and
 nothing else, then finds it where it should be picked up: a mixer in every experiment's expanded
-sweep, in the wandb sweep files and in the tables of every figure (drawn from synthetic results);
+sweep that chooses its mixers by what they are (none that names a chosen few), in the wandb sweep files and in the tables of every figure (drawn from synthetic results);
 a task trained through the CLI; a figure in the list `python -m analysis.figures` draws, its
 notebook among those tests/test_notebooks.py runs, its experiment in the smoke and the wandb
 sweeps, and its PNG and table written by the real command. The work runs in a subprocess of the
@@ -112,6 +112,10 @@ def budget_check(name):
 
 
 grids = {name: models for name, models in grids.items() if not budget_check(name)}
+# how each grid chooses (its `model` line as written): a chosen few (`only`) or by nature
+from omegaconf import OmegaConf
+lines = {name: str(OmegaConf.to_container(compose_experiment(name).hydra.sweeper.params, resolve=False)["model"])
+         for name in grids}
 sweep = wandb_sweeps.from_experiment("mqar")["parameters"]["model"]["values"]
 
 sys.path.insert(0, "tests/fixtures")
@@ -145,7 +149,7 @@ for spec in figures.FIGURES:
     drawn = {k: v for k, v in getattr(fig, "tables", {}).items() if v is not None and len(v)}
     tables[spec.name] = {"declared": sorted(spec.tables), "drawn": sorted(getattr(fig, "tables", {})),
                          "naming": sorted(k for k, v in drawn.items() if "throwaway" in v.to_csv())}
-print(json.dumps({"grids": grids, "sweep": sweep, "tables": tables}))
+print(json.dumps({"grids": grids, "lines": lines, "sweep": sweep, "tables": tables}))
 '''
 
 
@@ -154,8 +158,17 @@ def test_a_mixer_is_its_module_and_its_model_file(repo):
         doc_files("A built-in mixer", name="throwaway"))
     out = run_in(repo, MIXER_CHECK)
     assert len(out["grids"]) >= 20
+    by_nature = 0
     for name, models in out["grids"].items():
-        assert "throwaway" in models, f"{name} does not sweep the new mixer: {models}"
+        line = out["lines"][name]
+        if "only:" in line:  # a chosen few, named with the reason: a new mixer joins by an edit only
+            assert "throwaway" not in models, f"{name} chose its mixers by name, yet sweeps the new one"
+        elif "where:" in line:  # by what the mixers are: the new mixer is an elu in all but its name
+            assert ("throwaway" in models) == ("elu" in models), (name, line, models)
+        else:
+            by_nature += 1
+            assert "throwaway" in models, f"{name} does not sweep the new mixer: {models}"
+    assert by_nature >= 15
     assert "throwaway" in out["sweep"]
     assert len(out["tables"]) >= 10
     for name, seen in out["tables"].items():

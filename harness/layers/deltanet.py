@@ -155,6 +155,7 @@ class DeltaNet(Mixer):
 @register("gated_deltanet")
 class GatedDeltaNet(DeltaNet):
     has_decay = True
+    tags = frozenset({"gated"})
     cores = {"delta": "delta_gated", "additive": "decay_scalar"}
     families = {"delta": "delta", "additive": "decay"}
 

@@ -106,6 +106,7 @@ class GatedDecay(Mixer):
     family = "decay"
     kernel = "identity"
     has_decay = True
+    tags = frozenset({"gated"})
 
     @staticmethod
     def check_config(config) -> None:

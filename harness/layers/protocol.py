@@ -46,6 +46,8 @@ them through :class:`Mixer`; an outside mixer declares what it can.
                                                          size) or "kv_cache" (grows with the
                                                          length); default: read off state_size
                                                          at T and 2T
+  tags                        frozenset of str           experiments choose mixers by them
+                                                         (harness.config.mixers): "gated"
 
 Any attribute above may be declared as `harness_<member>` (`harness_kernel = "elu1"`) where the
 mixer uses the plain name itself (H3's `kernel` is its SSM kernel); an attribute that is a
@@ -202,6 +204,9 @@ class Mixer(nn.Module):
     fixed_decays: bool = False  # its decays are constants per head, not learned or data-dependent (retnet)
     heads_per_readout: int = 1  # consecutive effective-weight heads read out together
     memory_kind: str = "state"  # what decoding keeps: a fixed state, or a KV cache (softmax, swa)
+    # What else it is, for experiments that choose mixers by it (${mixers:{where: {tags: gated}}}):
+    # "gated", a data-dependent decay in front of the state (mamba, gated_deltanet)
+    tags: frozenset = frozenset()
     init_by_model: bool = True  # the language model's Xavier / unit-embedding init applies
 
     def __init__(self, config, layer_idx: int) -> None:
