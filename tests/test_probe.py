@@ -337,3 +337,15 @@ def test_probe_mode_passes_a_builtin_mixers_settings(tmp_path):
                             "logger=none", "trainer.progress=false", f"out_dir={tmp_path}"]))
     (row,) = json.loads((tmp_path / "results.json").read_text())["probe"]
     assert row["d_eff"] == 2 * 8 * 2 and row["d_kernel"] == pytest.approx(theory.dpfp_effective_dim(8, 2))
+
+
+def test_the_default_list_is_the_registry_less_what_asks_to_be_probed_on_request(monkeypatch):
+    from harness.layers import registry
+    from harness.layers.kernel import EluAttention
+
+    defaults = probe.default_models()
+    assert "taylor" not in defaults and registry.resolve("taylor").probe_on_request
+    assert set(defaults) == {n for n in registry.builtin_names() if n != "taylor"}
+    # a new built-in with a probe_memory is probed without an edit here
+    monkeypatch.setitem(registry._BUILTINS, "throwaway_probe", type("Throwaway", (EluAttention,), {}))
+    assert "throwaway_probe" in probe.default_models()

@@ -127,6 +127,7 @@ class TaylorAttention(KernelAttention):
     feature = kernel = "taylor"
     feature_is_positive = normalize_by_default = True
     exp_kernel = True
+    probe_on_request = True  # m = 1 + d + d^2 features: the probe's default grid would take hours
 
 
 @register("favor")

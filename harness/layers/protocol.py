@@ -36,6 +36,7 @@ them through :class:`Mixer`; an outside mixer declares what it can.
                                                          are concatenated into one read-out
                                                          (mamba's decay heads of a q/k group)
   probe_memory(d, seed)       ProbeMemory (classmethod)  mode=probe: the untrained probe
+  probe_on_request            bool (default False)       left out of the probe's default list
   wants_learned_positions     bool                       model.pos_emb default (learned for
                                                          softmax, none otherwise)
   check_config(config)        staticmethod, raises       harness.model.validate: what only this
@@ -207,6 +208,7 @@ class Mixer(nn.Module):
     # What else it is, for experiments that choose mixers by it (${mixers:{where: {tags: gated}}}):
     # "gated", a data-dependent decay in front of the state (mamba, gated_deltanet)
     tags: frozenset = frozenset()
+    probe_on_request: bool = False  # run_probe's default list leaves it out (features too large)
     init_by_model: bool = True  # the language model's Xavier / unit-embedding init applies
 
     def __init__(self, config, layer_idx: int) -> None:

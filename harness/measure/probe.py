@@ -26,7 +26,8 @@ How each mixer reads (a_ij are the effective weights, o_i = sum_j a_ij v_j).
            phi(q).phi(k) estimates softmax's exp(q.k / sqrt(d)); normalised; queries use the
            query form of the map (a per-row stabiliser that cancels in a_ij).
   taylor   [1, x, x(x)x/sqrt2] on k / d^(1/4) (m = 1 + d + d^2), normalised; only on request
-           (not in MODELS): its features are large, so reads go in smaller chunks.
+           (its class declares probe_on_request): its features are large, so reads go in
+           smaller chunks.
   softmax  a_ij = softmax_j(q_i.k_j / sqrt(d)), streamed over chunks of keys with a running
            log-sum-exp (flash-attention style).
   dpfp     DPFP (rolled relu(+-x) products, m = 2 d nu, nu = model.dpfp_nu) on the raw keys;
@@ -118,13 +119,18 @@ from harness import features
 from harness.layers import registry
 from harness.measure import theory
 
-MODELS = ("linear", "elu", "favor", "softmax", "retnet", "mamba", "deltanet", "gated_deltanet",
-          "swa")  # probed when none are named
 DEFAULT_DS = (32, 64, 128)
 MAX_DEFAULT_N = 16384
 DTYPE = torch.float64                  # old writes of a decayed state sit far below float32's eps
 FEATURE_BUDGET = 2**22                 # entries of a feature or score block (32 MiB in float64)
 STATE_BUDGET = 2**26                   # entries of the states written at once (512 MiB in float64)
+
+
+def default_models() -> list[str]:
+    """The mixers probed when none are named: every built-in with a probe_memory, less those
+    whose class asks to be probed on request only (taylor)."""
+    return [name for name in registry.builtin_names()
+            if hasattr(registry.resolve(name), "probe_memory") and not registry.resolve(name).probe_on_request]
 
 
 def default_ns(d: int) -> list[int]:
@@ -463,13 +469,13 @@ def run_probe(models: Optional[list[str]] = None, ds: Optional[list[int]] = None
               progress: bool = True, options: Optional[dict] = None) -> list[dict]:
     """The probe over models x ds x ns: one dict per (model, d, N), in that order.
 
-    models: default MODELS (taylor on request); ds: default (32, 64, 128); ns: default
+    models: default default_models() (taylor on request); ds: default (32, 64, 128); ns: default
     `default_ns(d)` for each d (powers of two from d/2 to 64 d, capped at 16384). N up to 65,536
     is supported. candidates: C, the codebook size; max_queries: reads per state for softmax;
     min_queries: small N pools states up to this many reads; value_dim: d_v (default d);
     chunk: keys (softmax) or reads (state mixers) per step, the memory knob.
     """
-    models = list(models or MODELS)
+    models = list(models or default_models())
     for m in models:
         probe_class(m)
     grid = [(d, n) for d in (ds or DEFAULT_DS) for n in (ns or default_ns(d))]
