@@ -261,9 +261,16 @@ from matplotlib.figure import Figure
 
 from analysis.plots import FigureSpec
 from analysis.plots.common import figure, table
+from analysis.synthetic import result
 
 FIGURES = (FigureSpec("throwaway_fig", "throwaway_exp", "throwaway_fig_figure", notebook="nb_throwaway_fig",
-                      tables=("throwaway_fig_runs",)),)
+                      tables=("throwaway_fig_runs",), synthetic="throwaway_runs"),)
+
+
+def throwaway_runs(rng):
+    """What its tests draw it from: two mixers, three seeds."""
+    return [result("train", "needle", model, {"seed": seed}, {"accuracy": float(rng.uniform())})
+            for model in ("softmax", "elu") for seed in range(3)]
 
 
 @figure("throwaway_fig")
@@ -319,7 +326,7 @@ hydra:
 '''
 
 FIGURE_CHECK = r'''
-import json, shutil, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 
 from analysis import figures, smoke
@@ -331,8 +338,8 @@ from harness.run import wandb_sweeps
 sys.path.insert(0, "tests/fixtures")
 import make_results
 
-results = make_results.write_results_tree(Path("results"), experiments=("needle",))
-shutil.copytree(results / "needle", results / "throwaway_exp")
+# the figure's own synthetic runs, declared beside it
+results = make_results.write_results_tree(Path("results"), experiments=("throwaway_exp",))
 run = subprocess.run([sys.executable, "-m", "analysis.figures", "--results", "results", "--out", "figs",
                       "--only", "throwaway_fig"], capture_output=True, text=True)
 print(json.dumps({

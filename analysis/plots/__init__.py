@@ -31,6 +31,9 @@ class FigureSpec:
     stored_by: str | None = None
     notebook: str | None = None   # analysis/<notebook>.py, the notebook that draws it
     tables: tuple[str, ...] = ()  # the CSVs it writes beside it (the figure's ``fig.tables``)
+    # the runs its tests draw it from, declared beside it: (rng) -> results.json payloads
+    # (analysis.synthetic.result); the built-in figures' are in tests/fixtures/make_results.py
+    synthetic: Callable | str | None = None
 
     @property
     def experiments(self) -> tuple[str, ...]:
@@ -39,8 +42,8 @@ class FigureSpec:
 
 def figures() -> tuple[FigureSpec, ...]:
     """Every figure the modules of this package declare, by module name then declaration order,
-    each with its figure function resolved; ValueError for a name declared twice or a figure
-    function the module lacks."""
+    each with its figure function (and synthetic runs) resolved; ValueError for a name declared
+    twice or a function the module lacks."""
     specs: list[FigureSpec] = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
         module = pkgutil.resolve_name(f"{__name__}.{info.name}")  # imports it
@@ -50,7 +53,12 @@ def figures() -> tuple[FigureSpec, ...]:
                 if not callable(getattr(module, draw, None)):
                     raise ValueError(f"{module.__name__}: figure {spec.name!r} names no function {draw!r}")
                 draw = getattr(module, draw)
-            specs.append(replace(spec, draw=draw))
+            synthetic = spec.synthetic
+            if isinstance(synthetic, str):
+                if not callable(getattr(module, synthetic, None)):
+                    raise ValueError(f"{module.__name__}: figure {spec.name!r} names no function {synthetic!r}")
+                synthetic = getattr(module, synthetic)
+            specs.append(replace(spec, draw=draw, synthetic=synthetic))
     names = [s.name for s in specs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
