@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+from contextlib import contextmanager
+from typing import NoReturn
 
 
 class RunError(RuntimeError):
@@ -27,6 +29,25 @@ def in_one_line(exc: BaseException) -> bool:
     """Whether exc is reported as one line: bad input (ValueError) and run errors, unless
     HYDRA_FULL_ERROR=1 (Hydra's own switch, honoured everywhere) asks for the traceback."""
     return isinstance(exc, (ValueError, RunError)) and os.environ.get("HYDRA_FULL_ERROR") != "1"
+
+
+def refuse(message: object, code: int = 2) -> NoReturn:
+    """The command line's one way to stop with a reason: `harness: error: <message>` (shown: long
+    values cut) on stderr, and exit ``code`` (2 bad input, 1 a run error, 128+n a signal)."""
+    print(f"harness: error: {shown(message)}", file=sys.stderr)
+    raise SystemExit(code) from None
+
+
+@contextmanager
+def refusing(code: int = 2):
+    """Turn an error that is said in one line (in_one_line) into :func:`refuse`: bad input with
+    ``code``, a run error with 1; anything else keeps its traceback."""
+    try:
+        yield
+    except (ValueError, RunError) as exc:
+        if not in_one_line(exc):
+            raise
+        refuse(exc, code if isinstance(exc, ValueError) else 1)
 
 
 class DamagedFile(ValueError):

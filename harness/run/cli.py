@@ -2,19 +2,21 @@
 
 Hydra reports composition errors over several lines and a stack-trace hint. A researcher who
 misspelled `trainer.lr` wants one line that names the valid options, and wants it before a
-model is built, so a single run is first composed here with Hydra's compose API and any error
-is turned into one line (exit code 2); HYDRA_FULL_ERROR=1 shows the traceback instead. The
-pre-check is the run's plan (harness.config.plan.prepare: the one validation; then the resource
-check), handed to the job Hydra starts. Sweeps (`-m`) skip the pre-check: each job prepares its
-own plan, and a failing job is recorded without stopping the others.
+model is built, so the command is composed once before Hydra starts (harness.run.precheck, with
+Hydra's compose API and Hydra's own node, which its directory and sweep-size checks read), and
+every refusal is one line (harness.errors.refuse; exit code 2) unless HYDRA_FULL_ERROR=1 asks
+for the traceback. For a single run that composition, less Hydra's node, is the run's config: its
+plan (harness.config.plan.prepare: the one validation; then the resource check) is made here and
+handed to the job Hydra starts. Sweeps (`-m`) make no plan here: each job prepares its own, and a
+failing job is recorded without stopping the others.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from harness.config.compose import CONF_DIR, ConfigError, compose_config, with_outside_tasks
-from harness.errors import in_one_line, shown
+from harness.config.compose import CONF_DIR, compose_config, with_outside_tasks
+from harness.errors import refuse, refusing
 from harness.outputs.paths import check_destination, user_path
 from harness.run.precheck import refuse_bad_command
 
@@ -40,9 +42,23 @@ def _run_dir_is_out_dir(argv: list[str]) -> tuple[list[str], bool]:
     return [*argv, f"hydra.run.dir={given[-1]}"], not Path(given[-1]).exists()
 
 
-def _refuse(message: str) -> None:
-    print(f"harness: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+def _run_overrides(argv: list[str]) -> list[str]:
+    """The overrides a run's own config reads: Hydra's keys are Hydra's business, but for the
+    search path (a user's config groups, hydra.searchpath=[file://my_conf])."""
+    return [a for a in argv if not a.lstrip("+~").startswith("hydra") or a.lstrip("+~").startswith("hydra.searchpath")]
+
+
+def run_config(composed):
+    """A composition with Hydra's node (return_hydra_config) as the job sees it: a copy without
+    that node, made as Hydra makes the job's (hydra.core.utils.run_job)."""
+    import copy
+
+    from omegaconf import open_dict, read_write
+
+    cfg = copy.deepcopy(composed)
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def _check_held(out_dir: Path) -> None:
@@ -60,9 +76,8 @@ def _check_held(out_dir: Path) -> None:
         return  # harness.run.job says what is wrong with the lock file
     finally:
         lock.release()
-    print(f"harness: error: {out_dir} is in use by another harness process (pid {holder}); wait for it "
-          "to finish, or choose another out_dir", file=sys.stderr)
-    raise SystemExit(1)
+    refuse(f"{out_dir} is in use by another harness process (pid {holder}); wait for it to finish, "
+           "or choose another out_dir", code=1)
 
 
 def _check_finished(plan, out_dir: Path) -> None:
@@ -78,7 +93,7 @@ def _check_finished(plan, out_dir: Path) -> None:
     keys = sorted(k for k in set(old) | set(new) if k != "out_dir" and old.get(k) != new.get(k))
     named = ", ".join(f"{k} ({old.get(k)!r} there, {new.get(k)!r} now)" for k in keys[:8])
     more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
-    _refuse(f"{out_dir} holds a finished run of another config ({named or 'its config hash'}{more}); "
+    refuse(f"{out_dir} holds a finished run of another config ({named or 'its config hash'}{more}); "
             "choose another out_dir, or add +overwrite=true to replace it")
 
 
@@ -86,28 +101,27 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv)
     except KeyboardInterrupt:  # Ctrl-C where no run handles it (starting up; a second Ctrl-C in training)
-        print("harness: error: stopped by SIGINT (Ctrl-C); a training run's last checkpoint stands: "
-              "run the same command again to resume", file=sys.stderr)
-        raise SystemExit(130) from None
+        refuse("stopped by SIGINT (Ctrl-C); a training run's last checkpoint stands: run the same command "
+               "again to resume", code=130)
 
 
 def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     overwrite = any(a.lower() in OVERWRITE for a in argv)
     argv = [a for a in argv if a.lower() not in OVERWRITE]
-    refuse_bad_command(argv)  # environment switches, Hydra's directories, a sweep's size
+    # environment switches, Hydra's directories, a sweep's size; the command's one composition
+    composed = refuse_bad_command(argv)
     plan = None
     if not _is_multirun(argv) and not _wants_hydra_only(argv):
-        # Hydra's own keys are Hydra's business, but for the search path: a user's config groups
-        # (hydra.searchpath=[file://my_conf]) must be found by the pre-check too.
-        overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")
-                     or a.lstrip("+~").startswith("hydra.searchpath")]
-        try:
+        with refusing():
             from harness.run.job import plan_for
 
+            # the job's config is the composition without Hydra's node, as Hydra hands it to the
+            # job; one that did not compose is composed again here only to say why, in one line
+            cfg = run_config(composed) if composed is not None else compose_config(_run_overrides(argv), validate=False)
             # validated once, its resources checked (a run the device cannot hold is refused
             # here), and handed to the job Hydra starts
-            plan = plan_for(compose_config(overrides, validate=False))
+            plan = plan_for(cfg)
             cfg = plan.cfg
             if cfg.out_dir:
                 out_dir = user_path(cfg.out_dir)  # the directory the run writes in, chdir or not
@@ -115,11 +129,6 @@ def _main(argv: list[str] | None) -> None:
                 _check_held(out_dir)
                 if not overwrite:
                     _check_finished(plan, out_dir)
-        except ValueError as exc:
-            if not in_one_line(exc):
-                raise
-            print(f"harness: error: {shown(exc)}", file=sys.stderr)
-            raise SystemExit(2) from None
 
     import hydra
     from hydra.core.global_hydra import GlobalHydra
@@ -131,11 +140,8 @@ def _main(argv: list[str] | None) -> None:
 
     register()
     argv, fresh = _run_dir_is_out_dir(argv)
-    try:
+    with refusing():
         argv = with_outside_tasks(argv)  # in a sweep too: each job composes its task's schema
-    except ConfigError as exc:
-        print(f"harness: error: {shown(exc)}", file=sys.stderr)
-        raise SystemExit(2) from None
     sys.argv = [sys.argv[0], *argv]
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_job(run_job, plan, fresh))()
 

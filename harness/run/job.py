@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from harness.config.digest import identify
 from harness.config.plan import RunPlan, prepare
 from harness.errors import (OutOfMemory, OutputError, RunError, first_line, in_one_line, is_out_of_memory,
-                            shown)
+                            refuse, shown)
 from harness.outputs.results import RESULTS_FILE, base_results, write_json
 from harness.outputs.rundir import RunDir, Where, claim, discard_refused
 from harness.train.faults import StopRequest, Stopped
@@ -195,7 +195,6 @@ def _give_up(exc: BaseException, goes_on: bool, also: str = "") -> dict[str, Any
         print(f"[harness] run failed ({type(exc).__name__}: {shown(exc)}{also}); {goes_on_as}", file=sys.stderr)
         return {"status": "failed", "error": str(exc)}
     if in_one_line(exc) or isinstance(exc, Stopped):
-        print(f"harness: error: {shown(exc)}{also}", file=sys.stderr)
         # a run stopped by a signal exits as the shell reports one (harness.train.faults.Interrupted, Stopped)
-        raise SystemExit(getattr(exc, "exit_code", 2 if isinstance(exc, ValueError) else 1)) from None
+        refuse(f"{exc}{also}", getattr(exc, "exit_code", 2 if isinstance(exc, ValueError) else 1))
     raise exc

@@ -29,31 +29,26 @@ class PrecheckError(ValueError):
     """A command line refused before Hydra starts; its message is one line."""
 
 
-def refuse_bad_command(argv: list[str]) -> None:
+def refuse_bad_command(argv: list[str]):
     """check_command, a refusal printed as one line with exit code 2 (HYDRA_FULL_ERROR=1: the
-    traceback); a command for Hydra itself (--help, --cfg job) is left to it."""
-    import sys
-
-    from harness.errors import in_one_line, shown
+    traceback); a command for Hydra itself (--help, --cfg job) is left to it (None). Returns
+    the config it composed (Hydra's node included), None where it does not compose."""
+    from harness.errors import refusing
 
     if any(a.startswith("-") and a not in MULTIRUN for a in argv):
-        return
-    try:
-        check_command([a for a in argv if a not in MULTIRUN], any(a in MULTIRUN for a in argv))
-    except ValueError as exc:
-        if not in_one_line(exc):
-            raise
-        print(f"harness: error: {shown(exc)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return None
+    with refusing():
+        return check_command([a for a in argv if a not in MULTIRUN], any(a in MULTIRUN for a in argv))
 
 
-def check_command(overrides: list[str], multirun: bool) -> None:
-    """Every check of this module on a command line's overrides."""
+def check_command(overrides: list[str], multirun: bool):
+    """Every check of this module on a command line's overrides; returns the config composed for
+    them (Hydra's node included: the command's one composition), None where it does not compose."""
     check_switches()
     parsed = _parse(overrides)
     cfg = _compose(parsed)
     if cfg is None:
-        return  # a config that does not compose is reported, in one line, by what runs next
+        return None  # a config that does not compose is reported, in one line, by what runs next
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     given = {o.key_or_group for o in parsed if not o.is_sweep_override()}
     if multirun or key in given or "out_dir" not in given or not cfg.out_dir:
@@ -61,6 +56,7 @@ def check_command(overrides: list[str], multirun: bool) -> None:
         check_destination(key, _dir_of(cfg, key))
     if multirun:
         check_sweep_size(_grid(cfg, parsed), int(cfg.sweep.max_jobs))
+    return cfg
 
 
 def check_sweep_size(grid: dict[str, Any], max_jobs: int) -> None:
@@ -99,11 +95,11 @@ def _compose(parsed: list):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.config.compose import CONF_DIR
+    from harness.config.compose import CONF_DIR, with_outside_tasks
     from harness.config.schema import register
 
     register()
-    plain = [o.input_line for o in parsed if not o.is_sweep_override()]
+    plain = with_outside_tasks([o.input_line for o in parsed if not o.is_sweep_override()])
     if not GlobalHydra.instance().is_initialized():
         initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
     try:
