@@ -189,7 +189,7 @@ def test_no_sweep_file_is_kept_in_the_package():
 
 # A budget check asks whether runs leave a plateau within a fixed number of steps: no plateau
 # stop (that is what it checks), and a threshold that only ends a run that has plainly learned
-BUDGET_CHECKS = {"findings/mechanism_budget", "findings/lr_window_budget"}
+BUDGET_CHECKS = {"findings/mechanism_budget", "findings/mechanism_positions", "findings/lr_window_budget"}
 
 
 @pytest.mark.parametrize("profile", ["quick", "paper", "findings"])
