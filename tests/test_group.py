@@ -243,3 +243,46 @@ def test_the_bench_row_times_solo_and_grouped_steps_of_one_shape():
         assert r["speedup"] == pytest.approx(r["solo_ms_per_step"] / r["grouped_ms_per_step_per_run"])
     assert rows[0]["solo_ms_per_step"] == rows[1]["solo_ms_per_step"]  # measured once per shape
     assert "| tiny elu | 3 |" in format_table(rows)
+
+
+class CumulativeMixer(torch.nn.Module):
+    """An outside mixer of plain torch operators (unnormalised causal linear attention through a
+    cumulative sum): vmap batches it."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.out = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        state = torch.cumsum(k.unsqueeze(-1) * v.unsqueeze(-2), dim=1)  # (B, T, C, C)
+        return self.out(torch.einsum("btc,btcd->btd", torch.nn.functional.elu(q) + 1, state) / x.shape[1])
+
+
+class BranchingMixer(CumulativeMixer):
+    """An outside mixer that reads a tensor's value in Python (a data-dependent branch): vmap cannot
+    batch it."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        return y if y.sum().item() > float("-inf") else -y
+
+
+def test_an_outside_mixer_joins_a_group_where_a_trial_step_shows_vmap_batches_it(tmp_path):
+    ok = [plan("elu", s, 3e-3, 4, 4, "trainer.log_every=1", f"model.name={__name__}.CumulativeMixer")
+          for s in range(2)]
+    assert ungroupable(ok[0]) is None
+    groups, alone = group_plans(ok)
+    assert groups == [[0, 1]] and not alone
+    # and each member is its solo run, as a built-in's (float64)
+    group = train_group(ok, dtype=torch.float64)
+    for i, (p, m) in enumerate(zip(ok, group)):
+        losses, _ = solo_losses(p, tmp_path / str(i))
+        grouped = [row["train/loss"] for row in m.train_rows]
+        assert max(abs(a - b) / abs(a) for a, b in zip(losses, grouped)) < 1e-6
+    branching = plan("elu", 0, 3e-3, 4, 6, f"model.name={__name__}.BranchingMixer")
+    reason = ungroupable(branching)
+    assert reason is not None and "BranchingMixer: vmap does not batch it" in reason, reason
+    groups, alone = group_plans([branching, plan("elu", 1, 3e-3, 4, 6, f"model.name={__name__}.BranchingMixer")])
+    assert not groups and all("vmap does not batch it" in why for why in alone.values())

@@ -10,7 +10,8 @@ the learning rate and its schedule, weight decay, clipping, the task's settings 
 
 Some runs train alone whatever the others are (``ungroupable``): dropout (its draws come from one
 process-wide stream, a member's would not be its solo run's), torch.compile, a form other than
-the chunk form, an outside mixer (vmap may not see through it), a run resuming its own checkpoint.
+the chunk form, a run resuming its own checkpoint, and an outside mixer whose trial step shows that
+vmap does not batch it (harness.train.group.trial).
 """
 from __future__ import annotations
 
@@ -52,8 +53,10 @@ def ungroupable(plan: RunPlan) -> Optional[str]:
     if mcfg.form != "chunk":
         return f"model.form={mcfg.form}: a group trains the chunk form (its denominators are checked per member)"
     outside = [slot.name for slot in layer_configs(mcfg) if registry.is_dotted(slot.name)]
-    if outside:
-        return f"outside mixer {outside[0]}: whether vmap can batch it is not known"
+    if outside:  # its code is not known to batch: a trial step says (harness.train.group.trial)
+        from harness.train.group.trial import batching_trial
+
+        return batching_trial(plan, outside[0])
     return None
 
 
