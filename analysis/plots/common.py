@@ -115,7 +115,7 @@ def table(data: pd.DataFrame | None, name: str, *, primary: bool = False) -> pd.
         return pd.DataFrame()
     if "status" in rows.columns:
         rows = rows[rows["status"] == "ok"]
-    return rows.reset_index(drop=True)
+    return rows.reset_index(drop=True).copy()  # consolidated: figures add columns to it one at a time
 
 
 def require(frame: pd.DataFrame, columns: list[str], what: str) -> pd.DataFrame:
