@@ -447,14 +447,16 @@ def _family(run: pd.Series) -> str:
 
 def schlag_table(half: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
     """Each mixer's measured break point (N50 of the protocol) beside Schlag et al.'s row for
-    the same map (reference.SCHLAG_BREAKS), their keys scaled to the run's d_head (x d / 64)."""
+    the same map (reference.SCHLAG_BREAKS), their keys scaled to the run's key width (x d_key /
+    64): model.qk_dim where the key width is set apart from the head, else d_head."""
     options = selected.drop_duplicates("label").set_index("label")
     rows = []
     for _, mine in half.iterrows():
         row = next((b for b in SCHLAG_BREAKS if _matches(b, options.loc[mine["label"]])), None)
-        d = mine["d_head"]
+        d = mine["qk_dim"] if np.isfinite(mine.get("qk_dim", math.nan)) else mine["d_head"]
         scaled = row.scaled(d) if row is not None and np.isfinite(d) else None
-        rows.append({"label": mine["label"], WIDTH: mine[WIDTH], "d_head": d, "n50_per_n": mine["n50_per_n"],
+        rows.append({"label": mine["label"], WIDTH: mine[WIDTH], "d_head": mine["d_head"], "d_key": d,
+                     "n50_per_n": mine["n50_per_n"],
                      "n": mine["n"], "schlag_row": row.name if row else "",
                      f"schlag_keys_at_d{SCHLAG_D_KEY}": _span(row.low, row.high) if row and row.low else
                      (row.note if row else ""),
@@ -513,15 +515,15 @@ def _draw_table(ax, frame: pd.DataFrame) -> None:
     ax.axis("off")
     if frame.empty:
         return
-    cells = [[r["label"], f"{r['d_head']:g}" if np.isfinite(r["d_head"]) else "",
+    cells = [[r["label"], f"{r['d_key']:g}" if np.isfinite(r["d_key"]) else "",
               "≥ tested" if r["n50_per_n"] == np.inf else (f"{r['n50_per_n']:.0f}" if np.isfinite(r["n50_per_n"]) else "—"),
               str(r[f"schlag_keys_at_d{SCHLAG_D_KEY}"]) or "—", r["schlag_keys_scaled"] or "—"] for _, r in frame.iterrows()]
-    tab = ax.table(cellText=cells, colLabels=["mixer", "d_head", "N50 here", f"Schlag et al., d = {SCHLAG_D_KEY}",
-                                              "Schlag x d_head/64"], bbox=[0, 0, 1, 1], cellLoc="left",
+    tab = ax.table(cellText=cells, colLabels=["mixer", "d_key", "N50 here", f"Schlag et al., d = {SCHLAG_D_KEY}",
+                                              "Schlag x d_key/64"], bbox=[0, 0, 1, 1], cellLoc="left",
                    colWidths=[0.2, 0.08, 0.1, 0.46, 0.16])  # the whole axes: never up into its title
     tab.auto_set_font_size(False)
     tab.set_fontsize(6 if len(cells) <= 12 else 5)
-    ax.set_title("break points beside Schlag et al. (2021)\n(keys at 50% recall; scaled to d_head)", fontsize="small")
+    ax.set_title("break points beside Schlag et al. (2021)\n(keys at 50% recall; scaled to the key width)", fontsize="small")
 
 
 def _share_text(share: pd.Series) -> str:
