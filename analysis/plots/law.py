@@ -202,7 +202,7 @@ def law_figure(data) -> Figure:
     handles += [Line2D([], [], color="0.3", marker=MARKERS[s], ls="", markerfacecolor="none") for s in SOURCES]
     handles += [Line2D([], [], color="0.3", ls=ls) for ls in ("-", "--", ":")]
     labels = list(colors) + [f"{s} (left)" for s in SOURCES] + [f"{s} (right)" for s in SOURCES]
-    fig.legend(handles, labels, loc="center right", fontsize="small", frameon=False)
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small", frameon=False)
     summary = tab[tab["row"] == "summary"]
     said = "; ".join(f"{r['model']} ({r['part']}): {r['verdict']}" for _, r in summary.iterrows()) or "no verdict yet"
     measured = points[pd.to_numeric(points["n"], errors="coerce").fillna(0) > 0]
