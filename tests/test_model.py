@@ -565,3 +565,12 @@ def test_a_scalar_decay_starts_with_a_memory_on_unit_inputs(name):
         assert mixer.dt_proj.weight.abs().max() <= 64**-0.5  # torch's default Linear init
         log_a, _ = scalar_log_decay(mixer.dt_proj(torch.randn(8, 32, 64)), mixer.dt_bias, mixer.A_log)
         assert log_a.exp().min() > 1e-3  # no head wiped at a token (it reached e^-40)
+
+
+def test_retnet_says_when_its_group_norm_would_keep_one_bit_per_decay_head(capsys):
+    from harness.layers.retnet import Retention
+
+    Retention.check_config(ModelConfig(name="retnet", d_model=8, retnet_heads=4))  # 2 channels a head
+    assert "keeps one bit" in capsys.readouterr().err
+    Retention.check_config(ModelConfig(name="retnet", d_model=8, retnet_heads=2))
+    assert capsys.readouterr().err == ""

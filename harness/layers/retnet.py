@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness import checks, ops
+from harness.errors import warn
 from harness.layers.parts import HeadNorm, merge_decay_heads, merge_heads, open_gate_, split_decay_heads
 from harness.layers.protocol import Mixer, ProbeMemory, identity_map
 from harness.layers.registry import register
@@ -53,6 +54,13 @@ class Retention(Mixer):
         checks.require(d_head % config.retnet_heads == 0,
                        f"model.retnet_heads={config.retnet_heads} must divide the head width "
                        f"model.d_model/model.n_heads = {d_head}")
+        if d_head // config.retnet_heads <= 2:
+            # a layer norm over two channels leaves only the sign of their difference: at d_model 8
+            # and the default 4 decay heads retnet learns no recall (findings/capacity_narrow),
+            # with 1 or 2 it does
+            warn(f"model.retnet_heads={config.retnet_heads} at head width {d_head} leaves "
+                 f"{d_head // config.retnet_heads} channel(s) per decay head, and its group norm keeps "
+                 "one bit of them; fewer decay heads (model.retnet_heads=1 or 2) keep the read-out")
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
