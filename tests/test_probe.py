@@ -317,7 +317,8 @@ def test_default_grid_and_validation():
     assert probe.default_ns(32) == [16, 32, 64, 128, 256, 512, 1024, 2048]
     assert probe.default_ns(512)[-1] == 16384
     assert len(probe.default_grid()) == 24
-    assert probe.MODELS == ("linear", "elu", "favor", "softmax", "retnet", "mamba", "deltanet", "gated_deltanet", "swa")
+    assert probe.default_models() == ["deltanet", "dpfp", "elu", "favor", "gated_deltanet", "linear", "mamba",
+                                      "retnet", "softmax", "swa"]
     with pytest.raises(ValueError):
         probe.run_probe(["gpt"], [16], [8], progress=False)
     book = probe.codebook(64, 16, 0)

@@ -56,7 +56,9 @@ def check_command(overrides: list[str], multirun: bool):
         check_destination(key, _dir_of(cfg, key))
     if multirun:
         check_sweep_size(_grid(cfg, parsed), int(cfg.sweep.max_jobs))
-    return cfg
+    # an override that did not parse was left out of this composition: it is not the command's,
+    # and what runs next composes again to say why, in one line
+    return cfg if len(parsed) == len(overrides) else None
 
 
 def check_sweep_size(grid: dict[str, Any], max_jobs: int) -> None:

@@ -56,7 +56,7 @@ def ungroupable(plan: RunPlan) -> Optional[str]:
     if outside:  # its code is not known to batch: a trial step says (harness.train.group.trial)
         from harness.train.group.trial import batching_trial
 
-        return batching_trial(plan, outside[0])
+        return batching_trial(plan, outside[0], group_key(plan))
     return None
 
 

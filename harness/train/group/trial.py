@@ -24,13 +24,10 @@ RTOL = 1e-4  # float32: a batched matmul may sum in another order than the solo 
 _KNOWN: dict[tuple, Optional[str]] = {}  # one trial per shape in a process (a sweep's plans)
 
 
-def batching_trial(plan: RunPlan, mixer: str) -> Optional[str]:
+def batching_trial(plan: RunPlan, mixer: str, key: tuple) -> Optional[str]:
     """None where the plan's model batches as a group (each member's loss and gradient equal to
     its solo run's within RTOL); else why its runs train alone, in words. ``mixer``: the outside
-    mixer's name, for the reason."""
-    from harness.train.group.signature import group_key
-
-    key = group_key(plan)
+    mixer's name, for the reason; ``key``: the plan's shape (signature.group_key), one trial each."""
     if key not in _KNOWN:
         _KNOWN[key] = _trial(plan, mixer)
     return _KNOWN[key]
