@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import Hashable, NoReturn
 
 
 class RunError(RuntimeError):
@@ -101,6 +101,15 @@ class ResourceError(ValueError):
     limit (bad input for this machine: exit code 2)."""
 
 
-def warn(message: str) -> None:
-    """A one-line warning on stderr (`harness: warning: ...`), the run going on."""
+_SAID: set = set()  # the `once` keys of the warnings said in this process
+
+
+def warn(message: str, once: Hashable | None = None) -> None:
+    """A one-line warning on stderr (`harness: warning: ...`), the run going on; with ``once``,
+    only the first warning under that key in this process (a sweep's launcher validates every
+    job's config, and one line says it)."""
+    if once is not None:
+        if once in _SAID:
+            return
+        _SAID.add(once)
     print(f"harness: warning: {message}", file=sys.stderr, flush=True)

@@ -28,7 +28,6 @@ from harness.errors import warn
 ATTRIBUTE_TYPES = {"family": str, "core": str, "kernel": str, "d_key": int, "d_head": int, "n_heads": int,
                    "positive_denominator": bool, "monotone_in_score": bool, "heads_per_readout": int,
                    "wants_learned_positions": bool, "memory_kind": str}
-_WARNED: set[tuple[str, str]] = set()  # (class, member) warned about in this process: one line each
 
 
 def _qualname(obj: Any) -> str:
@@ -40,10 +39,7 @@ def skip(mixer: nn.Module, member: str, reason: str) -> None:
     """Record that `member` of `mixer` is skipped (results.json "measure"), warning once per class."""
     skipped = mixer.__dict__.setdefault("_protocol_skipped", {})
     skipped[member] = f"skipped: {reason}"
-    key = (_qualname(mixer), member)
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warn(f"{_qualname(mixer)}.{member}: skipped: {reason}")
+    warn(f"{_qualname(mixer)}.{member}: skipped: {reason}", once=(_qualname(mixer), member))
 
 
 def skipped(mixer: nn.Module, sequence_length: int = 64) -> dict[str, str]:

@@ -60,7 +60,8 @@ class Retention(Mixer):
             # with 1 or 2 it does
             warn(f"model.retnet_heads={config.retnet_heads} at head width {d_head} leaves "
                  f"{d_head // config.retnet_heads} channel(s) per decay head, and its group norm keeps "
-                 "one bit of them; fewer decay heads (model.retnet_heads=1 or 2) keep the read-out")
+                 "one bit of them; fewer decay heads (model.retnet_heads=1 or 2) keep the read-out",
+                 once=("retnet_heads", config.retnet_heads, d_head))
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
