@@ -62,7 +62,8 @@ def model_choices(select: Mapping | None = None) -> list[str]:
     built-in, an exclusion or `only` without its reason, a selection that keeps nothing, and a
     built-in without its conf/model file."""
     select = dict(select or {})
-    where, only, why = select.pop("where", None) or {}, select.pop("only", None), select.pop("why", None)
+    where, only, why = (select.pop(key, None) for key in SELECTORS)
+    where = where or {}
     names = builtin_names()
     unknown = sorted((set(select) | set(_values(only or []))) - set(names))
     if unknown:

@@ -129,8 +129,8 @@ STATE_BUDGET = 2**26                   # entries of the states written at once (
 def default_models() -> list[str]:
     """The mixers probed when none are named: every built-in with a probe_memory, less those
     whose class asks to be probed on request only (taylor)."""
-    return [name for name in registry.builtin_names()
-            if hasattr(registry.resolve(name), "probe_memory") and not registry.resolve(name).probe_on_request]
+    classes = {name: registry.resolve(name) for name in registry.builtin_names()}
+    return [name for name, cls in classes.items() if hasattr(cls, "probe_memory") and not cls.probe_on_request]
 
 
 def default_ns(d: int) -> list[int]:

@@ -52,9 +52,9 @@ def _trial(plan: RunPlan, mixer: str) -> Optional[str]:
             batched.sum().backward()
             for i, model in enumerate(models):
                 solo = lm_loss(model(inputs[i], positions[i]), targets[i])
-                grads = torch.autograd.grad(solo, [p for p in model.parameters()], allow_unused=True)
-                grad = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
-                                  for p, g in zip(model.parameters(), grads)])
+                params = list(model.parameters())  # the order of a member's row of stack.flat
+                grads = torch.autograd.grad(solo, params, allow_unused=True)
+                grad = torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for p, g in zip(params, grads)])
                 loss_gap = (batched[i] - solo).abs().item() / max(solo.abs().item(), 1e-12)
                 grad_gap = (stack.flat.grad[i] - grad).norm().item() / max(grad.norm().item(), 1e-12)
                 if max(loss_gap, grad_gap) > RTOL:
