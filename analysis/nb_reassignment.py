@@ -16,7 +16,7 @@
 #
 # Keys written twice, the latest value wanted, where Schlag, Irie & Schmidhuber (2021) measured
 # the update rule's gain: overwritten and untouched keys in the same runs, the delta rule beside
-# the same layer with the delta term removed (`model.rule=additive`), five seeds. The interaction
+# the same layer with the delta term removed (`model.options.rule=additive`), five seeds. The interaction
 # (the rule's gain on overwritten keys minus its gain on untouched ones) tells replacing a stale
 # value apart from cancelling crosstalk in general; the stale share says how many of a rule's
 # wrong answers on overwritten keys are the key's earlier value.

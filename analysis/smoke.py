@@ -157,8 +157,11 @@ def job_flops(result: dict, full: dict) -> float | None:
         return None
     tokens = full["batch_size"] * seq
     flops = 6.0 * params * tokens
+    from harness.layers.registry import resolve
+
     for layer in layers_keeping_keys(config):  # scores and mixing grow with the keys each token sees
-        keys = seq if layer.window is None else min(seq, int(layer.window))
+        window = getattr(resolve(layer.name).options_of(layer), "window", None)  # swa's option
+        keys = seq if window is None else min(seq, int(window))
         flops += 6.0 * 2 * seq * keys * int(layer.d_model) * full["batch_size"]
     return flops * full["max_steps"]
 
@@ -167,11 +170,12 @@ def layers_keeping_keys(config: dict) -> list:
     """The ModelConfig of each layer of a run's flat config whose mixer keeps keys (softmax, swa;
     a hybrid's attention slots), as harness.model.layer_configs builds them; [] where the config
     does not build."""
+    from harness.layers.options import LEGACY_KEYS
     from harness.layers.registry import keeps_keys
     from harness.model import ModelConfig, layer_configs
 
-    fields = {k[len("model."):]: v for k, v in config.items()
-              if k.startswith("model.") and k[len("model."):] in ModelConfig.__dataclass_fields__}
+    known = set(ModelConfig.__dataclass_fields__) | set(LEGACY_KEYS)  # a recorded form keeps the old keys
+    fields = {k[len("model."):]: v for k, v in config.items() if k.startswith("model.") and k[len("model."):] in known}
     try:
         return [layer for layer in layer_configs(ModelConfig(**fields)) if keeps_keys(str(layer.name))]
     except (ValueError, TypeError):

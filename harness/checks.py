@@ -28,7 +28,7 @@ def _is_int(value: Any) -> bool:
 
 
 # Every integer a config holds becomes a size, an index or a seed of torch, all signed 64-bit: a
-# larger one cannot become any (model.window = 10^20 trained, then failed with an OverflowError
+# larger one cannot become any (model.options.window = 10^20 trained, then failed with an OverflowError
 # while measuring), so it is refused with the rest of the config.
 INT64_MAX = 2**63 - 1
 

@@ -8,7 +8,7 @@ norms and call harness.ops; this file only wires them together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -18,15 +18,13 @@ from torch import nn
 from harness import checks
 from harness.hooks import HookPoint
 from harness.layers import MLP, make_norm, registry
+from harness.layers.options import lift
 from harness.layers.parts import NORMS, qk_width
 from harness.layers.preflight import member
 from harness.layers.protocol import layer_memory, state_size
 from harness.ops.common.guards import FORMS
 
-GATES = ("scalar", "per_dim")
-FAVOR_REDRAW = ("never", "step")
 POS_EMBS = ("none", "learned")
-RULES = ("delta", "additive")
 
 
 def open_mapping():
@@ -63,35 +61,39 @@ class ModelConfig:
     form: str = "chunk"  # training form of the linear families: chunk | parallel | recurrent
     qk_dim: Optional[int] = None  # per-head width of q and k (None: d_model / n_heads); Based's feature_dim
     chunk_size: int = 64
-    eps: float = 1e-6  # denominator floor of normalised kernel attention
-    normalize: Optional[bool] = None  # kernel mixers: divide by phi(q).z; None: the mixer's default (linear: no)
-    favor_features: Optional[int] = None  # None: the feature map's default m (about d ln d)
-    favor_redraw: str = "never"  # never | step (redraw the random features every training step)
-    favor_signs: str = "positive"  # positive | both (FAVOR+: two features per projection, exp(+-w.x - |x|^2/2))
-    favor_per_dim: Optional[int] = None  # FAVOR+: projections per q/k dimension (Schlag et al.'s m / d_key)
-    gate: str = "scalar"  # mamba: scalar (Mamba-2, per head) | per_dim (GLA, per key dimension)
-    mamba_heads: int = 4  # mamba: decay heads per q/k head (Mamba-2's heads sharing B and C), each its own dt, A
-    retnet_heads: int = 4  # retnet: decay heads per q/k head, each its own gamma over its own slice of v
-    dpfp_nu: int = 1  # dpfp: shifts of the rolled products; 2 d nu features (Schlag et al. 2021 use 1, 2, 3)
-    rule: str = "delta"  # deltanet, gated_deltanet: delta | additive (the same layer without the delta term)
     mlp: bool = True  # false: blocks of the sequence mixer alone, x + mixer(norm(x)) (Zoology's MQAR configs)
     dropout: float = 0.0
     norm: str = "layernorm"  # block norms: layernorm | rmsnorm
     tie_embeddings: bool = False  # share the input embedding with the output head
-    decay: Optional[float] = None  # retnet: one gamma in (0, 1) for all heads; None: 1 - 2^(-5-h)
-    window: Optional[int] = None  # swa: keys each query sees (its KV cache); None: the mixer's default
-    # Keyword arguments of an outside mixer's constructor, any keys (model.options.window=8 from
-    # the command line needs no '+': the node is created open, not struct, in the schema). In a
-    # hybrid they go to the outside slots (built-in mixers take none).
+    # The mixer's own settings: a built-in's typed Options (harness.layers.options: FAVOR+'s
+    # favor_features, retnet's retnet_heads, swa's window, ...), or the keyword arguments of an
+    # outside mixer's constructor, any keys (model.options.window=8 from the command line needs
+    # no '+': the node is created open, not struct, in the schema). In a hybrid a built-in slot
+    # reads the built-in options, an outside slot gets them all.
     options: Any = field(default_factory=open_mapping)
     # Hybrids (harness.model.layer_configs). `layers`: one mixer per layer, each a name (built-in
-    # or dotted path) or a mapping {name: swa, window: 16} whose other keys override model.* for
-    # that slot; its length is the depth. `attn_every`: the short form, model.name in every layer
+    # or dotted path) or a mapping {name: swa, window: 16} whose other keys override model.* (or
+    # set the slot's options) for that slot; its length is the depth. `attn_every`: the short form, model.name in every layer
     # but each k-th (layers k-1, 2k-1, ...: 3 Gated DeltaNet layers to 1 attention layer at k=4),
     # which is `attn` (a name or such a mapping).
     layers: Optional[list[Any]] = None
     attn_every: Optional[int] = None
     attn: Any = "softmax"
+
+    def __init__(self, **settings: Any) -> None:
+        """The dataclass's own init, after the old model.* keys of a mixer's settings
+        (model.window=16) are moved into `options` (harness.layers.options.lift): a config or
+        checkpoint written before the move builds the same model."""
+        settings = lift(settings)
+        for f in fields(self):
+            if f.name in settings:
+                value = settings.pop(f.name)
+            else:
+                value = f.default_factory() if f.default_factory is not MISSING else f.default
+            setattr(self, f.name, value)
+        if settings:
+            raise TypeError(f"ModelConfig got an unexpected keyword argument {next(iter(settings))!r}")
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if isinstance(self.layers, (list, tuple)) and self.layers:
@@ -157,15 +159,21 @@ def layer_configs(cfg: ModelConfig) -> list[ModelConfig]:
         check_depth(cfg.n_layers)
         return [cfg] * cfg.n_layers
     out = []
+    builtin_options = registry.option_owners()
     for i, spec in enumerate(slot_specs(cfg)):
-        over = dict(spec)
+        over = lift(spec)  # a slot's old keys ({name: swa, window: 16}) are its options
         name = over.pop("name")
         where = f"model.layers[{i}]" if cfg.layers is not None else "model.attn"
         for key in over:
             if key in WHOLE_MODEL_KEYS or key not in ModelConfig.__dataclass_fields__:
                 raise ValueError(f"{where}.{key}: not a setting of one layer (a slot may set any model.* key "
-                                 f"but {', '.join(WHOLE_MODEL_KEYS)})")
-        options = over.pop("options", cfg.options if registry.is_dotted(name) else {})
+                                 f"but {', '.join(WHOLE_MODEL_KEYS)}, and its options)")
+        own = over.pop("options", None)
+        if registry.is_dotted(name):  # an outside slot: its own options, else the model's
+            options = own if own is not None else cfg.options
+        else:  # a built-in slot: the model's built-in settings, under its own
+            shared = {k: v for k, v in dict(cfg.options or {}).items() if k in builtin_options}
+            options = {**shared, **dict(own or {})}
         slot = replace(cfg, name=name, layers=None, attn_every=None, attn="softmax", **over)
         slot.options = options if options is not None else {}
         out.append(slot)
@@ -229,38 +237,22 @@ def validate(cfg: ModelConfig) -> None:
         return validate_hybrid(cfg)
     registry.resolve(cfg.name)  # a known name or an importable class, else one line
     if not isinstance(cfg.options, Mapping):
-        checks.fail("model.options", "a mapping of keyword arguments (model.options.<name>=<value>)", cfg.options)
-    if cfg.options and not registry.is_dotted(cfg.name):
-        key = next(iter(cfg.options))
-        raise ValueError(f"model.options.{key}: the built-in mixer {cfg.name!r} takes no options "
-                         "(its settings are model.* keys); model.options is for outside mixers")
+        checks.fail("model.options", "a mapping of settings (model.options.<name>=<value>)", cfg.options)
     check_depth(cfg.n_layers)
-    for field in ("d_model", "n_heads", "mlp_ratio", "conv_size", "chunk_size", "mamba_heads", "retnet_heads",
-                  "dpfp_nu"):
-        checks.integer(f"model.{field}", getattr(cfg, field))
+    for field_name in ("d_model", "n_heads", "mlp_ratio", "conv_size", "chunk_size"):
+        checks.integer(f"model.{field_name}", getattr(cfg, field_name))
     checks.integer("model.qk_dim", cfg.qk_dim, nullable=True)
-    checks.integer("model.favor_features", cfg.favor_features, nullable=True)
-    checks.integer("model.window", cfg.window, nullable=True)
-    if cfg.window is not None and not getattr(registry.resolve(cfg.name), "takes_window", False):
-        checks.fail("model.window", f"null for model.name={cfg.name} (a sliding window is model=swa's)", cfg.window)
     if cfg.d_model % cfg.n_heads:
         checks.fail("model.n_heads", f"a divisor of model.d_model={cfg.d_model}", cfg.n_heads)
     checks.choice("model.form", cfg.form, FORMS)
-    checks.choice("model.gate", cfg.gate, GATES)
-    checks.choice("model.favor_redraw", cfg.favor_redraw, FAVOR_REDRAW)
     checks.choice("model.norm", cfg.norm, NORMS)
-    checks.choice("model.rule", cfg.rule, RULES)
-    if cfg.rule != "delta" and not getattr(registry.resolve(cfg.name), "takes_rule", False):
-        checks.fail("model.rule", f"delta for model.name={cfg.name} (the additive control is deltanet's and "
-                    "gated_deltanet's)", cfg.rule)
     checks.choice("model.pos_emb", cfg.pos_emb, POS_EMBS, nullable=True)
-    for field in ("short_conv", "tie_embeddings", "mlp"):
-        checks.boolean(f"model.{field}", getattr(cfg, field))
+    for field_name in ("short_conv", "tie_embeddings", "mlp"):
+        checks.boolean(f"model.{field_name}", getattr(cfg, field_name))
     checks.boolean("model.rotary", cfg.rotary, nullable=True)
-    checks.boolean("model.normalize", cfg.normalize, nullable=True)
-    checks.number("model.eps", cfg.eps, "(0, inf)")
     checks.number("model.dropout", cfg.dropout, "[0, 1)")
-    checks.number("model.decay", cfg.decay, "(0, 1)", nullable=True)  # log(decay) must be finite and < 0
+    if not registry.is_dotted(cfg.name):
+        registry.check_options(cfg)  # a built-in's own settings, by its typed Options
     check_mixer = getattr(registry.resolve(cfg.name), "check_config", None)
     if check_mixer is not None:  # what only this mixer requires of the config
         check_mixer(cfg)
@@ -283,11 +275,10 @@ def validate_hybrid(cfg: ModelConfig) -> None:
     if cfg.layers is not None and cfg.n_layers != len(cfg.layers):
         checks.fail("model.n_layers", f"{len(cfg.layers)}, the length of model.layers (or unset)", cfg.n_layers)
     slots = layer_configs(cfg)
-    if cfg.options and not any(registry.is_dotted(slot.name) for slot in slots):
-        key = next(iter(cfg.options)) if isinstance(cfg.options, Mapping) else ""
-        raise ValueError(f"model.options.{key}: no layer of this stack is an outside mixer (model.options goes "
-                         "to the outside slots; a built-in mixer's settings are model.* keys, or a slot's own "
-                         "mapping: {name: swa, window: 16})")
+    stray = [key for key in (cfg.options or {}) if key not in registry.option_owners()]
+    if stray and not any(registry.is_dotted(slot.name) for slot in slots):
+        raise ValueError(f"model.options.{stray[0]}: no layer of this stack takes it (no built-in mixer has "
+                         "that option, and no layer is an outside mixer)")
     for i, slot in enumerate(slots):
         where = f"model.layers[{i}]" if cfg.layers is not None else f"layer {i}"
         try:

@@ -133,7 +133,7 @@ def test_command_line_writes_json_and_a_table(tmp_path):
                                                  ("retnet", "decay_scalar", 8), ("softmax", "softmax", 8),
                                                  ("taylor", "linear", 1 + 16 + 256)])  # its q/k width model.qk_dim=16
 def test_cost_mode_writes_a_cost_table(tmp_path, model, family, d_key):
-    extra = ["model.gate=per_dim"] if model == "mamba" else []
+    extra = ["model.options.gate=per_dim"] if model == "mamba" else []
     cfg = compose_config([f"model={model}", *extra, "mode=cost", "logger=none", "trainer.progress=false",
                           "trainer.device=cpu", "cost.seq_lens=[16,32]", "cost.batch_size=1", "cost.n_heads=2",
                           "cost.head_dim=8", "cost.repeats=1", "cost.recurrent_max_len=16", f"out_dir={tmp_path}"])

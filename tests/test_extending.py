@@ -189,7 +189,7 @@ def test_a_user_task_module_trains_and_reports(user_dir):
     (["model.name=mymixers.Narrow"], "model.name=mymixers.Narrow: forward returned (1, 64, 32), expected (B, T, C) = (1, 64, 64)"),
     (["model.name=mymixers.RunningMean", "model.options.window=8"],
      "model.options.window: model.name=mymixers.RunningMean takes no argument 'window'"),
-    (["model=elu", "model.options.window=8"], "the built-in mixer 'elu' takes no options"),
+    (["model=elu", "model.options.window=8"], "model.options.window must be null for model.name=elu (it is an option of swa)"),
     (["task=mytsk"], "unknown task 'mytsk'"),
     (["mode=probe", "model.name=mymixers.RunningMean"], "declares no probe_memory"),
     (["mode=cost", "model.name=mymixers.RunningMean"], "mode=cost: model.name=mymixers.RunningMean declares no core"),

@@ -74,14 +74,34 @@ def run_in(repo: Path, code: str, *args: str, timeout: int = 600) -> dict:
 # ---------------------------------------------------------------------------------------------
 # a mixer
 
-MIXER = '''"""A throwaway built-in mixer: elu attention under its own name."""
+MIXER = '''"""A throwaway built-in mixer: elu attention under its own name, with a setting of its own."""
+from dataclasses import dataclass
+
+from harness import checks
 from harness.layers import register
 from harness.layers.kernel import EluAttention
+from harness.layers.options import KernelOptions
+
+
+@dataclass(frozen=True)
+class ThrowawayOptions(KernelOptions):
+    read_scale: float = 1.0  # the read-out times this
+
+    def check(self):
+        super().check()
+        checks.number("model.options.read_scale", self.read_scale, "(0, inf)")
 
 
 @register("throwaway")
 class ThrowawayAttention(EluAttention):
-    pass
+    Options = ThrowawayOptions
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        self.read_scale = self.options_of(config).read_scale
+
+    def forward(self, x):
+        return super().forward(x) * self.read_scale
 '''
 
 MODEL_YAML = "defaults:\n  - model_schema\n\nname: throwaway\n"
@@ -149,7 +169,22 @@ for spec in figures.FIGURES:
     drawn = {k: v for k, v in getattr(fig, "tables", {}).items() if v is not None and len(v)}
     tables[spec.name] = {"declared": sorted(spec.tables), "drawn": sorted(getattr(fig, "tables", {})),
                          "naming": sorted(k for k, v in drawn.items() if "throwaway" in v.to_csv())}
-print(json.dumps({"grids": grids, "lines": lines, "sweep": sweep, "tables": tables}))
+
+# its own setting: from model.options on the command line, checked by the mixer, on the built layer
+from dataclasses import fields
+from harness.config.compose import compose_config
+from harness.config.build import model_config
+from harness.model import LanguageModel, ModelConfig
+
+built = LanguageModel(model_config(compose_config(["model=throwaway", "model.options.read_scale=0.5"]).model), 16, 32)
+try:
+    compose_config(["model=throwaway", "model.options.read_scale=-1"])
+    refused = ""
+except Exception as exc:
+    refused = str(exc)
+setting = {"read_scale": [float(m.read_scale) for m in built.modules() if hasattr(m, "read_scale")],
+           "refused": refused, "model_fields": [f.name for f in fields(ModelConfig)]}
+print(json.dumps({"grids": grids, "lines": lines, "sweep": sweep, "tables": tables, "setting": setting}))
 '''
 
 
@@ -170,6 +205,12 @@ def test_a_mixer_is_its_module_and_its_model_file(repo):
             assert "throwaway" in models, f"{name} does not sweep the new mixer: {models}"
     assert by_nature >= 15
     assert "throwaway" in out["sweep"]
+    # its setting reaches its layers from model.options, is checked by the mixer, and adds no
+    # field to the model config (the module and the model file are all that changed)
+    setting = out["setting"]
+    assert setting["read_scale"] == [0.5, 0.5], setting
+    assert "model.options.read_scale" in setting["refused"], setting
+    assert "read_scale" not in setting["model_fields"] and len(setting["model_fields"]) <= 22
     assert len(out["tables"]) >= 10
     for name, seen in out["tables"].items():
         assert seen["drawn"] == seen["declared"], f"figure {name} writes {seen['drawn']}, declares {seen['declared']}"

@@ -60,7 +60,7 @@ def _members(model, steps=50, *extra):
 HYBRID = ("gated_deltanet", "model.layers=[gated_deltanet,softmax]", "model.n_layers=2")
 
 
-@pytest.mark.parametrize("model, extra", [("elu", ()), ("favor", ("model.favor_redraw=step",)), ("deltanet", ()),
+@pytest.mark.parametrize("model, extra", [("elu", ()), ("favor", ("model.options.favor_redraw=step",)), ("deltanet", ()),
                                           ("gated_deltanet", ()), (HYBRID[0], HYBRID[1:])],
                          ids=["elu", "favor_redraw", "deltanet", "gated_deltanet", "hybrid"])
 def test_each_member_follows_its_solo_run_in_float64(tmp_path, model, extra):
@@ -192,7 +192,7 @@ def test_a_killed_group_resumes_bit_for_bit(tmp_path):
 
 
 @pytest.mark.parametrize("model, extra", [*[(name, ()) for name in registry.builtin_names()],
-                                          ("swa", ("model.window=8",)), (HYBRID[0], HYBRID[1:])],
+                                          ("swa", ("model.options.window=8",)), (HYBRID[0], HYBRID[1:])],
                          ids=[*registry.builtin_names(), "swa_banded", "hybrid"])
 def test_every_builtin_mixer_trains_in_a_group(model, extra):
     plans = [plan(model, s, 3e-3, 2 + s, 3, "trainer.log_every=1", "trainer.eval_every=3", *extra) for s in range(2)]
@@ -212,7 +212,7 @@ def test_the_signature_groups_what_shares_shapes_and_says_why_not():
     assert "model.name: 'elu' vs 'retnet'" in why_apart(base, plan("retnet"))
     assert "trainer.batch_size: 8 vs 4" in why_apart(base, plan("elu", 0, 3e-3, 4, 6, "trainer.batch_size=4"))
     assert "training length: 32 vs 64" in why_apart(base, plan("elu", 0, 3e-3, 4, 6, "task.seq_len=64"))
-    assert "model.eps" in why_apart(base, plan("elu", 0, 3e-3, 4, 6, "model.eps=1e-5"))  # the skeleton's setting
+    assert "model.eps" in why_apart(base, plan("elu", 0, 3e-3, 4, 6, "model.options.eps=1e-5"))  # the skeleton's setting
     # the interference task derives its length from the number of pairs: those differ in shape
     n4, n8 = (plan("elu", 0, 3e-3, n, 6, "task=interference", "task.seq_len=null") for n in (4, 8))
     assert why_apart(n4, n8) == "they differ in training length: 12 vs 24"

@@ -58,9 +58,9 @@ def test_attn_every_is_the_short_form_of_the_list():
 def test_each_slot_has_its_own_settings_and_errors_name_the_slot():
     cfg = tiny(layers=[{"name": "retnet", "decay": 0.9}, {"name": "swa", "window": 4}], attn={"name": "swa"})
     model = LanguageModel(cfg, vocab_size=16, max_seq_len=16)
-    assert model.mixers()[1].window == 4 and layer_configs(cfg)[0].decay == 0.9
+    assert model.mixers()[1].window == 4 and layer_configs(cfg)[0].options["decay"] == 0.9
     forms_agree(model)
-    with pytest.raises(ValueError, match=r"model.layers\[0\] \(gated_deltanet\): model.window"):
+    with pytest.raises(ValueError, match=r"model.layers\[0\] \(gated_deltanet\): model.options.window"):
         validate(tiny(layers=[{"name": "gated_deltanet", "window": 4}, "softmax"]))
     with pytest.raises(ValueError, match=r"model.layers\[1\].d_model: not a setting of one layer"):
         validate(tiny(layers=["softmax", {"name": "softmax", "d_model": 8}]))

@@ -270,7 +270,7 @@ def test_retnet_decay_heads_share_q_and_k_and_spread_their_horizons():
     assert model.state_size() == ops.state_elements(32, 32, normalize=False)  # the split keeps the state
     assert model.num_params() == LanguageModel(ModelConfig(name="retnet", d_model=32, n_layers=1, retnet_heads=1),
                                                VOCAB, MAX_T).num_params()  # the norm is split, not grown
-    with pytest.raises(ValueError, match="model.retnet_heads=3 must divide the head width"):
+    with pytest.raises(ValueError, match="model.options.retnet_heads=3 must divide the head width"):
         build(name="retnet", retnet_heads=3)
     build(name="elu", retnet_heads=3)  # only retnet's own requirement
 
@@ -290,14 +290,14 @@ def test_dpfp_is_normalised_kernel_attention_through_the_dpfp_map():
     k, v = cache["layers.0.mixer.hook_k"], cache["layers.0.mixer.hook_v"]
     o = ops.naive_linear_attention(q, k, v, normalize=True, eps=mixer.eps)
     torch.testing.assert_close(cache["layers.0.mixer.hook_out"], o, rtol=0, atol=1e-12)
-    for nu, message in [(0, "model.dpfp_nu must be a positive integer"), (8, "model.dpfp_nu=8 must be below")]:
+    for nu, message in [(0, "model.options.dpfp_nu must be a positive integer"), (8, "model.options.dpfp_nu=8 must be below")]:
         with pytest.raises(ValueError, match=message):
             build(name="dpfp", dpfp_nu=nu)
 
 
 @pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
 def test_additive_rule_is_the_same_layer_without_the_delta_term(name):
-    """model.rule=additive: the same parameters (a delta-rule model's state_dict loads into it),
+    """model.options.rule=additive: the same parameters (a delta-rule model's state_dict loads into it),
     the same q, k, v, beta and decay, and S_t = a_t S_{t-1} + k_t (beta_t v_t)^T in place of the
     delta rule, by the naive loop of the decayed additive state."""
     delta, additive = build(name=name, dtype=torch.float64), build(name=name, dtype=torch.float64, rule="additive")
@@ -318,9 +318,9 @@ def test_additive_rule_is_the_same_layer_without_the_delta_term(name):
     o = ops.naive_decay_attention(q, k, v * beta.unsqueeze(-1), log_decay)
     torch.testing.assert_close(ca["layers.0.mixer.hook_out"], o, rtol=0, atol=1e-12)
     assert not torch.allclose(cd["layers.0.mixer.hook_out"], o)  # the delta rule does differ
-    with pytest.raises(ValueError, match=r"model.rule must be delta for model.name=elu"):
+    with pytest.raises(ValueError, match=r"model.options.rule must be delta for model.name=elu"):
         build(name="elu", rule="additive")
-    with pytest.raises(ValueError, match="unknown model.rule 'hebbian'"):
+    with pytest.raises(ValueError, match="unknown model.options.rule 'hebbian'"):
         build(name=name, rule="hebbian")
 
 
@@ -370,7 +370,7 @@ def test_mamba_decay_heads_share_q_and_k_and_spread_their_timescales():
     assert model.state_size() == ops.state_elements(32, 32, normalize=False)  # the split keeps the state
     assert build(name="mamba", gate="per_dim").layers[0].mixer.per_group == 1  # the GLA gate: one
     assert build(name="mamba").layers[0].mixer.per_group == 4  # the default
-    with pytest.raises(ValueError, match="model.mamba_heads=3 must divide the head width"):
+    with pytest.raises(ValueError, match="model.options.mamba_heads=3 must divide the head width"):
         build(name="mamba", mamba_heads=3)
     build(name="elu", mamba_heads=3)  # only mamba's own requirement
 
@@ -406,7 +406,7 @@ def test_kernel_denominator_policy():
     q, k, v = (cache[f"layers.0.mixer.hook_{n}"].double() for n in ("q", "k", "v"))
     o = torch.tril(q @ k.transpose(-1, -2)) @ v  # the plain linear memory S^T q, undivided
     assert torch.allclose(o, cache["layers.0.mixer.hook_out"].double(), rtol=1e-4, atol=1e-4)
-    with pytest.raises(ValueError, match="model.normalize"):
+    with pytest.raises(ValueError, match="model.options.normalize"):
         build(name="linear", normalize="yes")
 
 
@@ -482,20 +482,20 @@ def test_sequence_longer_than_max_raises():
         (dict(n_layers=-1), "model.n_layers must be a positive integer"),
         (dict(chunk_size=0), "model.chunk_size must be a positive integer"),
         (dict(form="blocked"), "unknown model.form 'blocked'"),
-        (dict(name="mamba", gate="vector"), "unknown model.gate 'vector'"),
-        (dict(favor_redraw="epoch"), "unknown model.favor_redraw"),
+        (dict(name="mamba", gate="vector"), "unknown model.options.gate 'vector'"),
+        (dict(favor_redraw="epoch"), "unknown model.options.favor_redraw"),
         (dict(norm="batchnorm"), "unknown model.norm"),
-        (dict(eps=0.0), "model.eps must be a positive number"),
+        (dict(eps=0.0), "model.options.eps must be a positive number"),
         (dict(dropout=1.0), r"model.dropout must be a number in \[0, 1\)"),
-        (dict(favor_features=0), "model.favor_features must be a positive integer or null"),
-        (dict(name="favor", favor_signs="minus"), "unknown model.favor_signs 'minus'"),
-        (dict(name="favor", favor_per_dim=0), "model.favor_per_dim must be a positive integer or null"),
+        (dict(favor_features=0), "model.options.favor_features must be a positive integer or null"),
+        (dict(name="favor", favor_signs="minus"), "unknown model.options.favor_signs 'minus'"),
+        (dict(name="favor", favor_per_dim=0), "model.options.favor_per_dim must be a positive integer or null"),
         (dict(name="favor", favor_per_dim=2, favor_features=16), "both count FAVOR\\+'s features: set one"),
-        (dict(name="favor", favor_signs="both", favor_features=15), "must be even with model.favor_signs=both"),
-        (dict(decay=1.0), r"model.decay must be a number in \(0, 1\) or null, got 1.0"),
-        (dict(decay=0.0), "model.decay must be a number in"),
-        (dict(name="swa", window=0), "model.window must be a positive integer or null, got 0"),
-        (dict(name="elu", window=4), r"model.window must be null for model.name=elu \(a sliding window is model=swa's\)"),
+        (dict(name="favor", favor_signs="both", favor_features=15), "must be even with model.options.favor_signs=both"),
+        (dict(decay=1.0), r"model.options.decay must be a number in \(0, 1\) or null, got 1.0"),
+        (dict(decay=0.0), "model.options.decay must be a number in"),
+        (dict(name="swa", window=0), "model.options.window must be a positive integer or null, got 0"),
+        (dict(name="elu", window=4), r"model.options.window must be null for model.name=elu \(it is an option of swa\)"),
         (dict(short_conv="yes"), "model.short_conv must be true or false"),
         (dict(name="softmax", d_model=6, n_heads=2, rotary=True), "model.rotary=true needs an even q/k"),
     ],

@@ -164,7 +164,7 @@ def test_dpfp_memories_track_their_feature_count():
 
 
 def test_additive_control_is_the_linear_memory_of_unit_keys():
-    """model.rule=additive writes the same unit keys with beta = 1 but adds: the plain linear
+    """model.options.rule=additive writes the same unit keys with beta = 1 but adds: the plain linear
     memory's law sqrt(d / N), not the delta rule's; gated, its SNR keeps the law while recall
     falls with the decay, as RetNet's and Mamba's."""
     opts = {"rule": "additive"}
@@ -327,14 +327,14 @@ def test_default_grid_and_validation():
 
 
 def test_probe_mode_passes_a_builtin_mixers_settings(tmp_path):
-    """mode=probe model=dpfp model.dpfp_nu=2: probe_memory takes model.* settings by name (as an
+    """mode=probe model=dpfp model.options.dpfp_nu=2: probe_memory takes model.* settings by name (as an
     outside mixer's take model.options), so the probed map is the configured one."""
     import json
 
     from harness.config.compose import compose_config
     from harness.run.job import run_job
 
-    run_job(compose_config(["mode=probe", "model=dpfp", "model.dpfp_nu=2", "probe.d=[8]", "probe.n=[16]",
+    run_job(compose_config(["mode=probe", "model=dpfp", "model.options.dpfp_nu=2", "probe.d=[8]", "probe.n=[16]",
                             "logger=none", "trainer.progress=false", f"out_dir={tmp_path}"]))
     (row,) = json.loads((tmp_path / "results.json").read_text())["probe"]
     assert row["d_eff"] == 2 * 8 * 2 and row["d_kernel"] == pytest.approx(theory.dpfp_effective_dim(8, 2))

@@ -1,7 +1,7 @@
 """Bounds where a value becomes a size, each checked in one line before any work: a stack label
 and the run directory it names (130 alternating layers, no out_dir), a directory name past the
 file system's limit, the counts a figure parses from a `name*count` label (huge, malformed),
-`model.window` past torch's 64-bit integers (plain or in a slot), the depth of a stack; and the
+`model.options.window` past torch's 64-bit integers (plain or in a slot), the depth of a stack; and the
 small refusals of a hybrid's config (options no slot takes, an empty stack, a length error that
 names the stack)."""
 from __future__ import annotations
@@ -100,8 +100,8 @@ def test_the_hybrid_figure_leaves_out_the_runs_whose_label_cannot_be_read(tmp_pa
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["model=swa", f"model.window={HUGE}"], "model.window"),
-    ([f"model.layers=[{{name: swa, window: {HUGE}}},elu]", "model.pos_emb=none"], "model.layers[0] (swa): model.window"),
+    (["model=swa", f"model.options.window={HUGE}"], "model.options.window"),
+    ([f"model.layers=[{{name: swa, window: {HUGE}}},elu]", "model.pos_emb=none"], "model.layers[0] (swa): model.options.window"),
     ([f"model.n_layers={HUGE}"], "model.n_layers"),
     (["model.attn_every=2", f"model.n_layers={HUGE}"], "model.n_layers"),
     ([f"probe.d=[{HUGE}]", "mode=probe"], "probe.d"),
@@ -115,8 +115,10 @@ def test_an_integer_past_what_torch_holds_is_refused_at_validation(overrides, ke
 
 
 def test_options_no_slot_of_a_stack_takes_are_refused_not_dropped():
+    line = refused(["model.layers=[elu,softmax]", "model.pos_emb=none", "+model.options.width=8"])
+    assert line.startswith("model.options.width: no layer of this stack takes it"), line
     line = refused(["model.layers=[elu,softmax]", "model.pos_emb=none", "+model.options.window=8"])
-    assert line.startswith("model.options.window: no layer of this stack is an outside mixer"), line
+    assert line.startswith("model.layers[0] (elu): model.options.window must be null for model.name=elu"), line
 
 
 def test_an_empty_stack_says_so():

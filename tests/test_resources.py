@@ -219,7 +219,7 @@ MIXERS = ["softmax", "linear", "elu", "favor", "taylor", "retnet", "mamba"]
 
 
 @pytest.mark.parametrize("overrides", [[f"model={m}"] for m in MIXERS]
-                         + [["model=elu", "model.form=parallel"], ["model=mamba", "model.gate=per_dim"],
+                         + [["model=elu", "model.form=parallel"], ["model=mamba", "model.options.gate=per_dim"],
                             ["model=softmax", "model.d_model=128", "model.n_heads=4", "task.vocab_size=2048"]],
                          ids=lambda o: " ".join(o))
 def test_training_and_evaluation_estimates_bound_the_measured_peak(overrides):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from harness.conf import CONF_DIR  # harness/conf, shipped with the package
+
 GROUPS = ("task", "model", "trainer", "logger", "experiment")
 
 
@@ -89,15 +90,19 @@ def _sibling_keys(key: str, overrides: list[str]) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
-def with_outside_tasks(overrides: list[str]) -> list[str]:
-    """Overrides in which an outside task is a group choice: `task.name=package.module` becomes
-    `task=package.module`, and every such module is registered as a choice of the task group
-    (its own Config is then the schema of `task.*`). A module that is not a task is a ConfigError."""
+def rewrite_overrides(overrides: list[str]) -> list[str]:
+    """Overrides as Hydra composes them. An outside task is a group choice:
+    `task.name=package.module` becomes `task=package.module`, and every such module is
+    registered as a choice of the task group (its own Config is then the schema of `task.*`); a
+    module that is not a task is a ConfigError. A mixer setting by its old key
+    (`model.window=16`) becomes the option it is now (`model.options.window=16`)."""
     from harness.config.schema import register_task
+    from harness.layers.options import rewrite_override
     from harness.tasks import get_task, is_outside
 
     out = []
     for item in overrides:
+        item = rewrite_override(item)
         key, eq, value = item.partition("=")
         if eq and key.lstrip("+") in ("task", "task.name") and any(is_outside(v) for v in value.split(",")):
             for name in value.split(","):
@@ -123,7 +128,7 @@ def compose_config(overrides: list[str], validate: bool = True):
     from harness.config.validate import validate_config
 
     register()
-    overrides = with_outside_tasks(overrides)
+    overrides = rewrite_overrides(overrides)
     if not GlobalHydra.instance().is_initialized():
         # Initialised once per process and kept: composing many configs (a sweep file's
         # commands, a notebook) then costs milliseconds each.

@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.layers.options import legacy_flat
+
 # Keys that say where or how loudly a run happens, not what it computes: they do not enter
 # the config hash, so a rerun of a sweep with another output folder still finds its results.
 _HASH_EXCLUDE = ("out_dir", "trainer.progress", "trainer.log_every", "trainer.ckpt_every",
@@ -36,7 +38,9 @@ _HASH_ONLY_WITH = {"model.attn": lambda flat: flat.get("model.attn_every") is no
 
 
 def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
-    """{'model.d_model': 64, ...}: flat, so wandb sweep parameters cannot clobber a subtree."""
+    """{'model.d_model': 64, ...}: flat, so wandb sweep parameters cannot clobber a subtree. A
+    built-in mixer's options read as the model.* keys they were before mixers owned them
+    (harness.layers.options.legacy_flat), so every recorded config and hash keeps its form."""
     tree = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     out: dict[str, Any] = {}
 
@@ -48,7 +52,10 @@ def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
             out[prefix[:-1]] = node
 
     walk({k: v for k, v in tree.items() if k != "hydra"}, "")
-    return out
+    model = tree.get("model")
+    if not (isinstance(model, dict) and "options" in model):
+        return out  # a recorded form (flat, or nested from one): its keys are kept as they are
+    return legacy_flat(out, builtin="." not in str(out.get("model.name", "")))
 
 
 def _is_default(value: Any, default: Any) -> bool:

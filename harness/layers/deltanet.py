@@ -8,7 +8,7 @@ log a_t = -exp(A_log_h) softplus(x_t W_a + b_dt), with Mamba-2's parameterisatio
 initialisation (harness.layers.mamba). The write strength is beta_t = sigmoid(x_t W_beta),
 one per head and token.
 
-The control (`model.rule=additive`): the same layer with the delta term removed,
+The control (`model.options.rule=additive`): the same layer with the delta term removed,
 
     S_t = a_t S_{t-1} + k_t (beta_t v_t)^T,   o_t = S_t^T q_t,
 
@@ -40,14 +40,16 @@ the harness's bias, which fla's layer does not have.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness import ops
+from harness import checks, ops
 from harness.hooks import HookPoint
 from harness.layers.mamba import init_scalar_decay, scalar_decay_draws, scalar_log_decay
+from harness.layers.options import Options, only_here
 from harness.layers.parts import HeadNorm, merge_heads, open_gate_
 from harness.layers.protocol import Mixer, ProbeMemory
 from harness.layers.registry import register
@@ -61,17 +63,29 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
     return F.normalize(x, dim=-1, eps=L2_EPS)
 
 
+RULES = ("delta", "additive")
+
+
+@dataclass(frozen=True)
+class DeltaOptions(Options):
+    # delta | additive (the same layer without the delta term); refused on the mixers without it
+    rule: str = only_here("delta")
+
+    def check(self) -> None:
+        checks.choice("model.options.rule", self.rule, RULES)
+
+
 @register("deltanet")
 class DeltaNet(Mixer):
-    family = "delta"  # model.rule's default; an instance carries its rule's (families)
+    family = "delta"  # the rule's default; an instance carries its rule's (families)
     kernel = "identity"
-    takes_rule = True  # model.rule applies (harness.model.validate)
+    Options = DeltaOptions
     cores = {"delta": "delta", "additive": "linear"}  # the harness.ops core of each rule
     families = {"delta": "delta", "additive": "linear"}
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        self.form, self.chunk_size, self.rule = config.form, config.chunk_size, config.rule
+        self.form, self.chunk_size, self.rule = config.form, config.chunk_size, self.options_of(config).rule
         self.family = self.families[self.rule]
         C, H = config.d_model, self.n_heads
         self.beta_proj = nn.Linear(C, H)
@@ -128,8 +142,8 @@ class DeltaNet(Mixer):
 
     @classmethod
     def core_for(cls, config) -> str:
-        """The harness.ops core of model.rule: the delta rule's, or the additive state's."""
-        return cls.cores[getattr(config, "rule", "delta")]
+        """The harness.ops core of model.options.rule: the delta rule's, or the additive state's."""
+        return cls.cores[cls.options_of(config).rule]
 
     def state_size(self, sequence_length: int = 2048) -> int:
         return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)
@@ -147,7 +161,7 @@ class DeltaNet(Mixer):
     @classmethod
     def probe_memory(cls, d: int, seed: int, rule: str = "delta") -> ProbeMemory:
         """Unit keys written with beta = 1: each write overwrites what the state held for its key
-        (the delta rule), or adds to it (model.rule=additive, the plain linear memory of unit keys)."""
+        (the delta rule), or adds to it (model.options.rule=additive, the plain linear memory of unit keys)."""
         read = "delta" if rule == "delta" else "state"
         return ProbeMemory(read=read, phi_k=unit_rows, phi_q=unit_rows, d_key=d)
 
@@ -184,7 +198,7 @@ class GatedDeltaNet(DeltaNet):
     @classmethod
     def probe_memory(cls, d: int, seed: int, rule: str = "delta") -> ProbeMemory:
         """Unit keys written with beta = 1 into a state decayed as Mamba-2's at initialisation
-        (harness.layers.mamba.scalar_decay_draws), by the delta rule or (model.rule=additive)
+        (harness.layers.mamba.scalar_decay_draws), by the delta rule or (model.options.rule=additive)
         added; writes are not scaled by dt."""
         draws = scalar_decay_draws(seed)
 

@@ -5,7 +5,7 @@ The SSD recurrence is the shared decay core with q = C, k = B, v = dt * x, log a
   S_t = exp(dt_t A_h) S_{t-1} + k_t (dt_t v_t)^T,   o_t = q_t^T S_t
 
 Heads as in Mamba-2. Each q/k head (Mamba-2's group: one B and one C, ngroups = model.n_heads)
-is shared by model.mamba_heads *decay heads* (default 4); decay head h reads its own
+is shared by model.options.mamba_heads *decay heads* (default 4); decay head h reads its own
 d_head / mamba_heads wide slice of v with its own dt and A_h, so the heads of a group hold the
 same keys over different timescales. The state is d_key x d_head per q/k head, whatever the
 split. (Mamba-2 at scale has nheads = 2 d_model / 64 heads of width 64; at the widths here, 4
@@ -33,6 +33,7 @@ mixer's read-out is exactly the decay core that the measurements decompose.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,7 @@ from torch import nn
 
 from harness import checks, ops
 from harness.hooks import HookPoint
+from harness.layers.options import Options
 from harness.layers.parts import (HeadNorm, inverse_softplus, merge_decay_heads, merge_heads, open_gate_, split_decay_heads,
                                   split_heads)
 from harness.layers.protocol import Mixer, ProbeMemory, identity_map
@@ -50,9 +52,21 @@ A_MIN, A_MAX = 1.0, 16.0
 GLA_GATE_TEMPERATURE = 16.0
 
 
-def decay_heads_per_group(config) -> int:
-    """Decay heads sharing one q/k head: model.mamba_heads for the scalar gate, 1 for per_dim."""
-    return config.mamba_heads if config.gate == "scalar" else 1
+GATES = ("scalar", "per_dim")
+
+
+@dataclass(frozen=True)
+class MambaOptions(Options):
+    gate: str = "scalar"  # scalar (Mamba-2, per decay head) | per_dim (GLA, per key dimension)
+    mamba_heads: int = 4  # decay heads per q/k head (Mamba-2's heads sharing B and C), each its own dt, A
+
+    def check(self) -> None:
+        checks.choice("model.options.gate", self.gate, GATES)
+        checks.integer("model.options.mamba_heads", self.mamba_heads)
+
+    def decay_heads_per_group(self) -> int:
+        """Decay heads sharing one q/k head: mamba_heads for the scalar gate, 1 for per_dim."""
+        return self.mamba_heads if self.gate == "scalar" else 1
 
 
 def stratified_log_uniform(n: int, lo: float, hi: float) -> torch.Tensor:
@@ -107,20 +121,22 @@ class GatedDecay(Mixer):
     kernel = "identity"
     has_decay = True
     tags = frozenset({"gated"})
+    Options = MambaOptions
 
-    @staticmethod
-    def check_config(config) -> None:
-        """model.mamba_heads must split the head's v evenly (called by harness.model.validate)."""
-        d_head = config.d_model // config.n_heads
-        checks.require(config.gate != "scalar" or d_head % config.mamba_heads == 0,
-                       f"model.mamba_heads={config.mamba_heads} must divide the head width "
+    @classmethod
+    def check_config(cls, config) -> None:
+        """mamba_heads must split the head's v evenly (called by harness.model.validate)."""
+        d_head, opts = config.d_model // config.n_heads, cls.options_of(config)
+        checks.require(opts.gate != "scalar" or d_head % opts.mamba_heads == 0,
+                       f"model.options.mamba_heads={opts.mamba_heads} must divide the head width "
                        f"model.d_model/model.n_heads = {d_head}")
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        self.form, self.chunk_size, self.gate = config.form, config.chunk_size, config.gate
+        opts = self.options_of(config)
+        self.form, self.chunk_size, self.gate = config.form, config.chunk_size, opts.gate
         C, H = config.d_model, self.n_heads
-        self.per_group = decay_heads_per_group(config)  # decay heads per q/k head
+        self.per_group = opts.decay_heads_per_group()  # decay heads per q/k head
         self.heads_per_readout = self.per_group  # a group's decay heads are normed and read out together
         self.decay_head_dim = self.d_head // self.per_group
         self.gate_proj = nn.Linear(C, C)  # silu output gate (Mamba's z), starts open
@@ -177,12 +193,16 @@ class GatedDecay(Mixer):
 
     @property
     def core(self) -> str:
-        return self.core_for(self)
+        return self.gate_core(self.gate)
 
     @classmethod
     def core_for(cls, config) -> str:
+        return cls.gate_core(cls.options_of(config).gate)
+
+    @staticmethod
+    def gate_core(gate: str) -> str:
         """The decay core of a gate: one log decay per head (scalar) or per key dimension."""
-        return "decay_scalar" if config.gate == "scalar" else "decay_per_dim"
+        return "decay_scalar" if gate == "scalar" else "decay_per_dim"
 
     def state_size(self, sequence_length: int = 2048) -> int:
         return self.n_heads * ops.state_elements(self.d_key, self.d_head, normalize=False)

@@ -39,9 +39,13 @@ them through :class:`Mixer`; an outside mixer declares what it can.
   probe_on_request            bool (default False)       left out of the probe's default list
   wants_learned_positions     bool                       model.pos_emb default (learned for
                                                          softmax, none otherwise)
+  Options                     dataclass (built-ins)      its own settings, filled from
+                                                         model.options and checked by the
+                                                         harness (harness.layers.options)
   check_config(config)        staticmethod, raises       harness.model.validate: what only this
-                              ValueError (one line)      mixer requires of model.* (mamba:
-                                                         model.mamba_heads divides d_head)
+                              ValueError (one line)      mixer requires of the whole config
+                                                         (mamba: model.options.mamba_heads
+                                                         divides d_head)
   form                        str, settable              model.form / LanguageModel.set_form
   memory_kind                 str                        state accounting: "state" (fixed
                                                          size) or "kv_cache" (grows with the
@@ -67,6 +71,7 @@ import torch
 from torch import nn
 
 from harness.hooks import HookPoint
+from harness.layers.options import Options
 from harness.layers.parts import Rotary, ShortConv, qk_width, rotary_enabled, split_heads
 
 MEMORY_KINDS = ("state", "kv_cache")
@@ -210,6 +215,14 @@ class Mixer(nn.Module):
     tags: frozenset = frozenset()
     probe_on_request: bool = False  # run_probe's default list leaves it out (features too large)
     init_by_model: bool = True  # the language model's Xavier / unit-embedding init applies
+    # Its own settings (harness.layers.options), filled from model.options: options_of(config)
+    Options: type = Options
+
+    @classmethod
+    def options_of(cls, config) -> Options:
+        """This mixer's typed options for a (slot's) ModelConfig: the entries of its
+        model.options that the mixer declares, the rest at their defaults."""
+        return cls.Options.of(config.options)
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()

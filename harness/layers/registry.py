@@ -7,8 +7,9 @@ built-in mixer is one file) or a dotted import path `package.module.Class` to an
 A mixer is constructed with the keyword arguments its constructor names among those the
 harness can supply (:func:`supplied`): `d_model` (or fla's `hidden_size`), `n_heads` (or
 `num_heads`), `layer_idx`, `config` (the ModelConfig), and every entry of `model.options`.
-An option the constructor does not take is an error, unless it takes **kwargs (built-in mixers
-take no options: harness.model.validate refuses them).
+An option the constructor does not take is an error, unless it takes **kwargs. A built-in mixer
+is constructed with the config alone and reads its options through its typed `Options`
+(harness.layers.options; :func:`check_options` checks them).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 from harness.errors import first_line
 
 _BUILTINS: dict[str, type] = {}
-_NOT_MIXERS = ("parts", "protocol", "registry")  # modules of this package that define no mixer
+_NOT_MIXERS = ("options", "parts", "protocol", "registry")  # modules of this package that define no mixer
 _discovered = False
 
 
@@ -102,6 +103,40 @@ def import_object(path: str, key: str, base: type | None = None) -> Any:
     return obj
 
 
+def option_owners() -> dict[str, list[str]]:
+    """Every option a built-in mixer declares -> the built-in names that declare it."""
+    owners: dict[str, list[str]] = {}
+    for name in builtin_names():
+        for key in _BUILTINS[name].Options.names():
+            owners.setdefault(key, []).append(name)
+    return owners
+
+
+def check_options(config) -> None:
+    """model.options of a built-in mixer (a hybrid's slot): every key an option of some built-in
+    (else a typo), each value in its domain (checked by a mixer that declares it), and no setting
+    that only its owners take (a window, the additive rule) set on a mixer without it. A key the
+    mixer does not declare is otherwise ignored, so that one sweep may set FAVOR+'s redraw for
+    every mixer it lists. ValueError, one line."""
+    from harness import checks
+
+    cls, owners = resolve(config.name), option_owners()
+    options = config.options or {}
+    if not hasattr(options, "items"):
+        checks.fail("model.options", "a mapping of settings (model.options.<name>=<value>)", options)
+    for key, value in options.items():
+        if key not in owners:
+            raise ValueError(f"model.options.{key}: not an option of any built-in mixer (model.name="
+                             f"{config.name} takes: {', '.join(cls.Options.names()) or 'none'})")
+        owner = _BUILTINS[owners[key][0]].Options
+        owner(**{key: value}).check()
+        if key not in cls.Options.names() and key in owner.refused_elsewhere() and value != owner.default(key):
+            default = "null" if owner.default(key) is None else owner.default(key)
+            checks.fail(f"model.options.{key}", f"{default} for model.name={config.name} "
+                        f"(it is an option of {' and '.join(owners[key])})", value)
+    cls.options_of(config).check()
+
+
 def supplied(config, layer_idx: int) -> dict[str, Any]:
     """Every keyword argument the harness can give a mixer's constructor."""
     return {"config": config, "d_model": config.d_model, "hidden_size": config.d_model,
@@ -113,7 +148,7 @@ def constructor_kwargs(cls: type, config, layer_idx: int) -> dict[str, Any]:
     params = inspect.signature(cls.__init__).parameters
     named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    options = dict(config.options or {})
+    options = dict(config.options or {}) if is_dotted(config.name) else {}  # a built-in reads its Options
     kwargs = {k: v for k, v in supplied(config, layer_idx).items() if k in named and k not in options}
     for key, value in options.items():
         if key not in named and not takes_any:
@@ -129,8 +164,7 @@ def constructor_kwargs(cls: type, config, layer_idx: int) -> dict[str, Any]:
 
 # model.* keys that act inside a built-in mixer only: an outside mixer that is not handed the
 # ModelConfig (a `config` argument) runs with its own settings for them.
-MIXER_KEYS = ("short_conv", "conv_size", "rotary", "qk_dim", "chunk_size", "eps", "normalize", "favor_features",
-              "favor_redraw", "favor_signs", "favor_per_dim", "gate", "mamba_heads", "retnet_heads", "dpfp_nu", "rule", "decay", "window")
+MIXER_KEYS = ("short_conv", "conv_size", "rotary", "qk_dim", "chunk_size")
 
 
 def not_applied(config, kwargs: dict[str, Any]) -> list[str]:
@@ -180,11 +214,9 @@ def check_mixer(config, lengths=None) -> None:
     """The pre-flight of an outside mixer (harness.layers.preflight): built, and run forward and
     backward at batch 1 at every (T, what) of `lengths` (default: 8 tokens); a failure is a
     ValueError naming the path, the length and what is wrong, before any training. Built-in
-    mixers are trusted (the tests hold them)."""
+    mixers are trusted (the tests hold them); their options are checked, not run."""
     if not is_dotted(config.name):
-        for key in dict(config.options or {}):  # refused here, not when the model is built mid-run
-            raise ValueError(f"model.options.{key}: the built-in mixer {config.name!r} takes no options "
-                             "(its settings are model.* keys); model.options is for outside mixers")
+        check_options(config)  # refused here, not when the model is built mid-run
         return
     from harness.layers.preflight import preflight
 

@@ -2,16 +2,16 @@
 
 S_t = gamma_h S_{t-1} + k_t v_t^T, o_t = q_t^T S_t with gamma_h = 1 - 2^(-5-h) for decay head
 h = 0, 1, ..., so the heads see exponentially different horizons (1/(1-gamma): 32, 64, 128,
-... tokens). Each q/k head is shared by model.retnet_heads *decay heads* (default 4), laid out
+... tokens). Each q/k head is shared by model.options.retnet_heads *decay heads* (default 4), laid out
 as Mamba-2's (harness.layers.parts.split_decay_heads): decay head h reads its own
 d_head / retnet_heads wide slice of v with its own gamma, so the heads of a q/k head hold the
 same keys over different horizons, and h counts over every decay head of the layer (q/k head
 i, decay head j: h = i * retnet_heads + j). So even model.n_heads = 1 has four horizons, up to
-256 tokens; with one decay head per q/k head (model.retnet_heads=1) and one q/k head, the layer
+256 tokens; with one decay head per q/k head (model.options.retnet_heads=1) and one q/k head, the layer
 would have only gamma = 1 - 2^-5 and forget everything older than a few dozen tokens by
 construction. The state stays d_key x d_head per q/k head, whatever the split.
 
-`model.decay` instead gives every decay head the same gamma, one horizon to sweep. q is scaled
+`model.options.decay` instead gives every decay head the same gamma, one horizon to sweep. q is scaled
 by d_qk^-1/2; the read-out goes through a group norm per decay head (RetNet's GroupNorm, one
 group per head), a swish gate and an output projection (Sun et al. 2023).
 """
@@ -19,6 +19,8 @@ group per head), a swish gate and an output projection (Sun et al. 2023).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +28,7 @@ from torch import nn
 
 from harness import checks, ops
 from harness.errors import warn
+from harness.layers.options import Options
 from harness.layers.parts import HeadNorm, merge_decay_heads, merge_heads, open_gate_, split_decay_heads
 from harness.layers.protocol import Mixer, ProbeMemory, identity_map
 from harness.layers.registry import register
@@ -39,6 +42,16 @@ def retnet_log_gammas(n_heads: int, decay: float | None = None) -> torch.Tensor:
     return torch.log1p(-torch.pow(2.0, -5.0 - h))  # (H,)
 
 
+@dataclass(frozen=True)
+class RetNetOptions(Options):
+    retnet_heads: int = 4  # decay heads per q/k head, each its own gamma over its own slice of v
+    decay: Optional[float] = None  # one gamma in (0, 1) for every decay head; None: 1 - 2^(-5-h)
+
+    def check(self) -> None:
+        checks.integer("model.options.retnet_heads", self.retnet_heads)
+        checks.number("model.options.decay", self.decay, "(0, 1)", nullable=True)  # log(decay) finite, < 0
+
+
 @register("retnet")
 class Retention(Mixer):
     family = "decay"
@@ -46,34 +59,36 @@ class Retention(Mixer):
     kernel = "identity"
     has_decay = True
     fixed_decays = True  # gamma_h = 1 - 2^(-5-h) per head (retnet_log_gammas): what the cost bench draws
+    Options = RetNetOptions
 
-    @staticmethod
-    def check_config(config) -> None:
-        """model.retnet_heads must split the head's v evenly (called by harness.model.validate)."""
-        d_head = config.d_model // config.n_heads
-        checks.require(d_head % config.retnet_heads == 0,
-                       f"model.retnet_heads={config.retnet_heads} must divide the head width "
+    @classmethod
+    def check_config(cls, config) -> None:
+        """retnet_heads must split the head's v evenly (called by harness.model.validate)."""
+        d_head, heads = config.d_model // config.n_heads, cls.options_of(config).retnet_heads
+        checks.require(d_head % heads == 0,
+                       f"model.options.retnet_heads={heads} must divide the head width "
                        f"model.d_model/model.n_heads = {d_head}")
-        if d_head // config.retnet_heads <= 2:
+        if d_head // heads <= 2:
             # a layer norm over two channels leaves only the sign of their difference: at d_model 8
             # and the default 4 decay heads retnet learns no recall (findings/capacity_narrow),
             # with 1 or 2 it does
-            warn(f"model.retnet_heads={config.retnet_heads} at head width {d_head} leaves "
-                 f"{d_head // config.retnet_heads} channel(s) per decay head, and its group norm keeps "
-                 "one bit of them; fewer decay heads (model.retnet_heads=1 or 2) keep the read-out",
-                 once=("retnet_heads", config.retnet_heads, d_head))
+            warn(f"model.options.retnet_heads={heads} at head width {d_head} leaves "
+                 f"{d_head // heads} channel(s) per decay head, and its group norm keeps "
+                 "one bit of them; fewer decay heads (model.options.retnet_heads=1 or 2) keep the read-out",
+                 once=("retnet_heads", heads, d_head))
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
+        opts = self.options_of(config)
         self.form, self.chunk_size = config.form, config.chunk_size
-        self.per_group = config.retnet_heads  # decay heads per q/k head
+        self.per_group = opts.retnet_heads  # decay heads per q/k head
         self.heads_per_readout = self.per_group  # a q/k head's decay heads are read out together
         self.decay_head_dim = self.d_head // self.per_group
         n_decay = self.n_heads * self.per_group
         self.gate_proj = nn.Linear(config.d_model, config.d_model)  # swish output gate, starts open
         self.out_proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.norm = HeadNorm(n_decay, self.decay_head_dim, "layernorm")
-        self.register_buffer("log_gamma", retnet_log_gammas(n_decay, config.decay),
+        self.register_buffer("log_gamma", retnet_log_gammas(n_decay, opts.decay),
                              persistent=False)  # (Hd,)
         self.q_scale = 1.0 / math.sqrt(self.d_qk)
         self.reset_decay_parameters()
@@ -110,7 +125,7 @@ class Retention(Mixer):
     def probe_memory(cls, d: int, seed: int, n_heads: int = 1, retnet_heads: int = 4,
                      decay: float | None = None) -> ProbeMemory:
         """Identity keys into one decay head's state, no denominator. The layer's decay heads
-        (model.n_heads x model.retnet_heads, the defaults: one q/k head of four) take turns over
+        (model.n_heads x model.options.retnet_heads, the defaults: one q/k head of four) take turns over
         the probe's pooled states, from a head drawn per row, so a row of many states averages
         over every horizon the layer has and a row of one state reads one of them at random."""
         log_gammas = retnet_log_gammas(n_heads * retnet_heads, decay)  # (Hd,)

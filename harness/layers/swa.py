@@ -6,7 +6,7 @@ and W values per head, 2 W d elements, whatever the sequence length; this is the
 of the recall-versus-state-size frontier (Zoology, Arora et al. 2023), the mixer whose state
 grows exactly as the window is widened and holds nothing older.
 
-Default window W = 32 (DEFAULT_WINDOW, model.window): at the default geometry (d_model 64,
+Default window W = 32 (DEFAULT_WINDOW, model.options.window): at the default geometry (d_model 64,
 one head) its cache, 2 * 32 * 64 = 4,096 elements a layer, matches the state of the
 default linear mixers (64 * 64 + 64 = 4,160 for elu), so model=swa and model=elu compare at
 equal state size; on the default recall task (64 positions, 4 pairs in the first 8, queries
@@ -16,7 +16,11 @@ ones do not, which is the trade-off the frontier measures.
 
 from __future__ import annotations
 
-from harness import ops
+from dataclasses import dataclass
+from typing import Optional
+
+from harness import checks, ops
+from harness.layers.options import Options, only_here
 from harness.layers.parts import merge_heads
 from harness.layers.protocol import ProbeMemory
 from harness.layers.registry import register
@@ -25,15 +29,25 @@ from harness.layers.softmax import SoftmaxAttention
 DEFAULT_WINDOW = 32
 
 
+@dataclass(frozen=True)
+class WindowOptions(Options):
+    # keys each query sees (its KV cache); None: DEFAULT_WINDOW. Refused on the mixers without one.
+    window: Optional[int] = only_here(None)
+
+    def check(self) -> None:
+        checks.integer("model.options.window", self.window, nullable=True)
+
+
 @register("swa")
 class SlidingWindowAttention(SoftmaxAttention):
     core = "softmax_window"
-    takes_window = True  # model.window applies (harness.model.validate)
+    Options = WindowOptions
     monotone_in_score = False  # zero outside the window, whatever the score there
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
-        self.window = DEFAULT_WINDOW if config.window is None else config.window
+        window = self.options_of(config).window
+        self.window = DEFAULT_WINDOW if window is None else window
 
     def forward(self, x):  # x: (B, T, C)
         q, k, v = self.project_qkv(x)  # (B, H, T, D)

@@ -30,10 +30,10 @@ How each mixer reads (a_ij are the effective weights, o_i = sum_j a_ij v_j).
            smaller chunks.
   softmax  a_ij = softmax_j(q_i.k_j / sqrt(d)), streamed over chunks of keys with a running
            log-sum-exp (flash-attention style).
-  dpfp     DPFP (rolled relu(+-x) products, m = 2 d nu, nu = model.dpfp_nu) on the raw keys;
+  dpfp     DPFP (rolled relu(+-x) products, m = 2 d nu, nu = model.options.dpfp_nu) on the raw keys;
            normalised; its kernel dimension is theory.dpfp_effective_dim.
   retnet   identity keys, constant decay gamma_h = 1 - 2^(-5-h) of one of the layer's decay
-           heads (model.n_heads x model.retnet_heads of them; the pooled states take turns, from
+           heads (model.n_heads x model.options.retnet_heads of them; the pooled states take turns, from
            a head drawn per row), no denominator: S = sum_j gamma^(N-1-j) k_j v_j^T, read after
            the last write.
   mamba    Mamba-2's SSD core with a scalar decay per head: S_t = exp(dt_t A) S_{t-1} +
@@ -44,7 +44,7 @@ How each mixer reads (a_ij are the effective weights, o_i = sum_j a_ij v_j).
            k_t v_t^T, written in order through ops.delta_attention (chunk form) and read after
            the last write; a_ii from the same op run backwards over the keys (_read_delta).
   gated_deltanet  the same with Mamba-2's scalar decay in front of S_{t-1} (the draws of mamba,
-           writes not scaled by dt). With model.rule=additive both are read as additive
+           writes not scaled by dt). With model.options.rule=additive both are read as additive
            states of unit keys (the linear memory, decayed for gated_deltanet): the control.
   swa      softmax over the last W = 32 stored keys only (the default window): a pair written
            earlier has left the KV cache, its read has signal 0.

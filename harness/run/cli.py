@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.config.compose import CONF_DIR, compose_config, with_outside_tasks
+from harness.config.compose import CONF_DIR, compose_config, rewrite_overrides
 from harness.errors import refuse, refusing
 from harness.outputs.paths import check_destination, user_path
 from harness.run.precheck import refuse_bad_command
@@ -141,7 +141,7 @@ def _main(argv: list[str] | None) -> None:
     register()
     argv, fresh = _run_dir_is_out_dir(argv)
     with refusing():
-        argv = with_outside_tasks(argv)  # in a sweep too: each job composes its task's schema
+        argv = rewrite_overrides(argv)  # in a sweep too: each job composes its task's schema
     sys.argv = [sys.argv[0], *argv]
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_job(run_job, plan, fresh))()
 

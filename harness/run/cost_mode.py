@@ -10,7 +10,7 @@ and forward + backward, and writes a "cost" table into results.json:
 family: the harness.ops core the model's mixer declares (its `core`, harness.layers.protocol):
 softmax; linear (linear, elu, favor, taylor; the key dimension is the feature map's m);
 decay_scalar (retnet with its constant decays, mamba); decay_per_dim (mamba with
-model.gate=per_dim). limit_ratio is the time over the essential 4 Dk Dv flops per token
+model.options.gate=per_dim). limit_ratio is the time over the essential 4 Dk Dv flops per token
 and head (x3 with the backward pass) at the rate of a 1024^3 float32 GEMM measured in the same
 run. Calls that cannot fit in memory, or recurrent forms beyond `cost.recurrent_max_len`, are
 recorded with a "skipped: ..." status and no time.

@@ -97,11 +97,11 @@ def _compose(parsed: list):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from harness.config.compose import CONF_DIR, with_outside_tasks
+    from harness.config.compose import CONF_DIR, rewrite_overrides
     from harness.config.schema import register
 
     register()
-    plain = with_outside_tasks([o.input_line for o in parsed if not o.is_sweep_override()])
+    plain = rewrite_overrides([o.input_line for o in parsed if not o.is_sweep_override()])
     if not GlobalHydra.instance().is_initialized():
         initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3")
     try:

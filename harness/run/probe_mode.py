@@ -12,8 +12,9 @@ from harness.config.plan import RunPlan
 
 
 def probe_options(model: DictConfig) -> dict[str, Any]:
-    """What a mixer's probe_memory may take by name: the model.* settings (a built-in's, such as
-    model.dpfp_nu or model.retnet_heads) and an outside mixer's model.options, which win."""
+    """What a mixer's probe_memory may take by name: the model.* settings and the mixer's
+    options (a built-in's, such as model.options.dpfp_nu or retnet_heads; an outside mixer's
+    constructor arguments), which win."""
     fields = {k: v for k, v in model.items() if k not in ("name", "options")}
     return {**fields, **dict(model.options or {})}
 
