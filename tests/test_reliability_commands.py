@@ -83,3 +83,25 @@ def test_allocator_left_alone_for_false_and_system(value):
     code = "import harness.allocator as a; print(a.allocator_state()['configured'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_a_run_piped_into_head_keeps_its_results(tmp_path):
+    """`python -m harness ... | head -1`: the reader leaves after one line; the run still trains to
+    its end and records itself finished (a print into the closed pipe failed it before)."""
+    import json
+
+    from tests.conftest import ROOT
+
+    env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    out = tmp_path / "run"
+    # a line at step 20 of 200: the reader leaves while the run has 180 steps and its report to go
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *QUICK, "trainer.max_steps=200", "trainer.eval_every=20",
+                             "trainer.progress=true", "trainer.target_accuracy=null", f"out_dir={out}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # as head does after its line
+    _, err = proc.communicate(timeout=300)
+    assert first.startswith("[harness]") and proc.returncode == 0, err[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "ok" and results["summary"]["steps"] == 200, results.get("error")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harness.config.compose import CONF_DIR, compose_config, rewrite_overrides
 from harness.errors import refuse, refusing
+from harness.outputs.console import keep_running_when_the_reader_leaves
 from harness.outputs.paths import check_destination, user_path
 from harness.run.precheck import refuse_bad_command
 
@@ -98,6 +99,7 @@ def _check_finished(plan, out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    keep_running_when_the_reader_leaves()  # `python -m harness ... | head` must not fail the run
     try:
         _main(argv)
     except KeyboardInterrupt:  # Ctrl-C where no run handles it (starting up; a second Ctrl-C in training)
