@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (first time only) and run the test suite: scripts/test.sh [--fast] [pytest args]
-#   --fast               only the tests recorded under 4 s (tests/durations.py); the full suite is the default
+#   --fast               only the tests recorded under 1 s (tests/durations.py); the full suite is the default
 #   --record-durations   (a pytest option) write each test's time to tests/durations.json
 set -euo pipefail
 cd "$(dirname "$0")/.."

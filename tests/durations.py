@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 DURATIONS = Path(__file__).with_name("durations.json")
-SLOW_S = 4.0  # seconds on one of two idle cores (the suite's own setting), setup included
+SLOW_S = 1.0  # seconds on one of two idle cores (the suite's own setting), setup included
 
 
 def recorded() -> dict[str, float]:
