@@ -14,7 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.layers.options import legacy_flat
+from harness.layers.options import at_default, legacy_flat
+from harness.layers.registry import is_dotted
 
 # Keys that say where or how loudly a run happens, not what it computes: they do not enter
 # the config hash, so a rerun of a sweep with another output folder still finds its results.
@@ -55,15 +56,7 @@ def flat_config(cfg: DictConfig | dict) -> dict[str, Any]:
     model = tree.get("model")
     if not (isinstance(model, dict) and "options" in model):
         return out  # a recorded form (flat, or nested from one): its keys are kept as they are
-    return legacy_flat(out, builtin="." not in str(out.get("model.name", "")))
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    """Whether a key holds the default it was added with: by identity for None and booleans (a 0
-    is not False), by value otherwise (a string, 0.0)."""
-    if default is None or isinstance(default, bool):
-        return value is default
-    return type(value) is type(default) and value == default
+    return legacy_flat(out, builtin=not is_dotted(out.get("model.name")))
 
 
 def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +66,7 @@ def hashed_items(flat: dict[str, Any]) -> dict[str, Any]:
 
     return {k: v for k, v in flat.items()
             if not any(k == e or k.startswith(e) for e in _HASH_EXCLUDE)
-            and not (k in _HASH_IF_SET and _is_default(v, _HASH_IF_SET[k])) and applies(k)}
+            and not (k in _HASH_IF_SET and at_default(v, _HASH_IF_SET[k])) and applies(k)}
 
 
 def _as_recorded(value: Any) -> Any:

@@ -136,6 +136,9 @@ class TaylorAttention(KernelAttention):
     probe_on_request = True  # m = 1 + d + d^2 features: the probe's default grid would take hours
 
 
+FAVOR_REDRAW = ("never", "step")
+
+
 @dataclass(frozen=True)
 class FavorOptions(KernelOptions):
     favor_features: Optional[int] = None  # m; None: about d ln d (or favor_per_dim's count)
@@ -159,9 +162,6 @@ class FavorOptions(KernelOptions):
                        f"model.options.favor_signs=both (two features per projection)")
 
 
-FAVOR_REDRAW = ("never", "step")
-
-
 @register("favor")
 class FavorAttention(KernelAttention):
     """FAVOR+ features differ between layers and are shared by the heads of one layer, as in the
@@ -178,7 +178,7 @@ class FavorAttention(KernelAttention):
         """m, the features (the state's key side): favor_features; else favor_per_dim projections
         per q/k dimension (Schlag et al.'s m / d_key), two features each with favor_signs=both;
         else about d ln d."""
-        opts = cls.options_of(config) if config is not None else cls.Options()
+        opts = cls.options_of(config)
         if opts.favor_features is not None:
             return int(opts.favor_features)
         if opts.favor_per_dim is not None:
@@ -252,8 +252,7 @@ class DPFPAttention(KernelAttention):
 
     @classmethod
     def key_width(cls, d_qk: int, config=None) -> int:
-        nu = cls.options_of(config).dpfp_nu if config is not None else cls.Options().dpfp_nu
-        return features.feature_dim("dpfp", d_qk, nu=nu)
+        return features.feature_dim("dpfp", d_qk, nu=cls.options_of(config).dpfp_nu)
 
     @classmethod
     def probe_memory(cls, d: int, seed: int, dpfp_nu: int = 1) -> ProbeMemory:

@@ -87,7 +87,7 @@ def lift(model: Mapping) -> dict:
     values is an error (one line)."""
     out = dict(model)
     moved = {k: out.pop(k) for k in list(out) if k in LEGACY_KEYS}
-    moved = {k: v for k, v in moved.items() if not _at_default(v, LEGACY_KEYS[k])}
+    moved = {k: v for k, v in moved.items() if not at_default(v, LEGACY_KEYS[k])}
     if not moved:
         return out
     options = dict(out.get("options") or {})
@@ -100,7 +100,9 @@ def lift(model: Mapping) -> dict:
     return out
 
 
-def _at_default(value: Any, default: Any) -> bool:
+def at_default(value: Any, default: Any) -> bool:
+    """Whether a setting holds the default it had: by identity for None and booleans (a 0 is
+    not False), by value and type otherwise (a string, 0.0)."""
     if default is None or isinstance(default, bool):
         return value is default
     return type(value) is type(default) and value == default

@@ -221,8 +221,9 @@ class Mixer(nn.Module):
     @classmethod
     def options_of(cls, config) -> Options:
         """This mixer's typed options for a (slot's) ModelConfig: the entries of its
-        model.options that the mixer declares, the rest at their defaults."""
-        return cls.Options.of(config.options)
+        model.options that the mixer declares, the rest at their defaults (all of them for no
+        config: a class asked without one, as the probe and estimates ask)."""
+        return cls.Options.of(getattr(config, "options", None))
 
     def __init__(self, config, layer_idx: int) -> None:
         super().__init__()
