@@ -14,12 +14,13 @@
 # %% [markdown]
 # # Attention maps: sharp against smeared
 #
-# Two trained runs, softmax and elu on the default recall task, reopened with
+# One trained run per mixer family (softmax attention, then the first kernel map, decay and
+# delta-rule mixer in reading order) on the default recall task, reopened with
 # `harness.load_run`: their weights, config and results. One held-out example runs through the
 # hook points, and each run's retrieval head's effective weights a_ij (the ones its sharpness
 # measurements used) are drawn as query rows against key columns, the position of each query's
-# answer circled. Softmax puts nearly all of a query's weight on the answer; elu+1's positive
-# features spread it over the prefix.
+# answer circled. Softmax puts nearly all of a query's weight on the answer; the others spread
+# it over the prefix, each as its family does.
 #
 # Runs come from `$HARNESS_RESULTS/sharpness` (default `results/quick/sharpness`), the sweep
 # `python -m harness -m +experiment=sharpness` (it keeps each run's model.pt).

@@ -1,6 +1,7 @@
 """Attention maps of trained runs: the effective weights a_ij of a retrieval head on one example,
-query rows against key columns, the answer positions marked; softmax beside elu is the picture
-of sharp against smeared attention.
+query rows against key columns, the answer positions marked; softmax attention beside the first
+mixer of each other family (kernel maps, decays, the delta rule) is the picture of sharp against
+smeared attention.
 
 The runs are reopened with harness.load_run (weights, config, task) and one held-out example is
 run through the hook points; the weights are the mixer's own effective_weights, the same ones
@@ -20,15 +21,25 @@ from matplotlib.figure import Figure
 import harness
 from analysis.plots import FigureSpec
 from analysis.plots.common import MissingData, figure, mixer_order, new_figure, require, table
+from analysis.plots.palette import family_of
 from harness.hooks import capture
 from harness.layers.protocol import mixer_hooks
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
-    FigureSpec("attention", "sharpness", "attention_figure", reopens_runs=True, notebook="nb_attention"),  # its softmax and elu runs
+    FigureSpec("attention", "sharpness", "attention_figure", reopens_runs=True, notebook="nb_attention"),  # one run per family
 )
 
-MODELS = ("softmax", "elu")
+
+def family_representatives(names) -> list[str]:
+    """Of ``names``, the first mixer of each family in reading order (analysis.plots.palette)."""
+    seen, out = set(), []
+    for name in mixer_order(names):
+        family = family_of(name)
+        if family not in seen:
+            seen.add(family)
+            out.append(name)
+    return out
 
 
 @dataclass
@@ -44,14 +55,19 @@ class AttentionMap:
     target_weight: float      # the run's measured mean weight on the answer span
 
 
-def trained_runs(data: pd.DataFrame, models=MODELS) -> pd.DataFrame:
-    """The best finished run (highest accuracy) of each model that kept its weights (model.pt)."""
+def trained_runs(data: pd.DataFrame, models=None) -> pd.DataFrame:
+    """The best finished run (highest accuracy) of each model that kept its weights (model.pt);
+    ``models`` None: of each family's first mixer in reading order among those runs (softmax
+    attention beside one mixer of each other family, chosen by what the mixers are)."""
     runs = require(table(data, "runs", primary=True), ["model", "run_dir", "summary.accuracy"],
                    "finished runs with run_dir and summary.accuracy")
-    runs = runs[runs["model"].isin(models)]
     runs = runs[[Path(d, "model.pt").exists() for d in runs["run_dir"]]]
+    if models is None:
+        models = family_representatives(runs["model"])
+    runs = runs[runs["model"].isin(models)]
     if runs.empty:
-        raise MissingData(f"no run of {', '.join(models)} with model.pt (trainer.checkpoint=true keeps it)")
+        raise MissingData(f"no run of {', '.join(models) or 'any mixer'} with model.pt "
+                          "(trainer.checkpoint=true keeps it)")
     best = runs.sort_values("summary.accuracy", ascending=False).groupby("model", sort=False).head(1)
     return best.set_index("model").loc[[m for m in mixer_order(best["model"])]].reset_index()
 
@@ -98,7 +114,7 @@ def _draw(ax, amap: AttentionMap) -> object:
 
 
 @figure("attention")
-def attention_figure(data, models=MODELS, trust_code: bool = False) -> Figure:
+def attention_figure(data, models=None, trust_code: bool = False) -> Figure:
     """Effective attention of each model's best run on one held-out example of its task."""
     runs = trained_runs(data, models)
     maps = [attention_map(d, trust_code=trust_code) for d in runs["run_dir"]]
