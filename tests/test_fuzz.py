@@ -9,7 +9,7 @@ process, on top of a one-step debug trainer writing under pytest's tmp folder. A
 run (exit 0, or 1 with one line for a run error such as a numerical fault), or be refused
 (exit 2, exactly one line on stderr); anything else, a traceback above all, fails.
 
-HARNESS_FUZZ_DRAWS sets the number of draws (default 100: about a minute on one core); HARNESS_FUZZ_RANDOM=1 draws a new
+HARNESS_FUZZ_DRAWS sets the number of draws (default 50: about a minute on one core under load); HARNESS_FUZZ_RANDOM=1 draws a new
 sequence instead of the fixed one CI repeats.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from harness.model import ModelConfig  # noqa: E402
 from harness.run import cli  # noqa: E402
 from harness.tasks import TASKS  # noqa: E402
 
-DRAWS = int(os.environ.get("HARNESS_FUZZ_DRAWS", "100"))  # more: HARNESS_FUZZ_DRAWS=1000
+DRAWS = int(os.environ.get("HARNESS_FUZZ_DRAWS", "50"))  # more: HARNESS_FUZZ_DRAWS=1000
 # Every draw starts from a one-step debug run and tiny probe and cost grids, so a valid draw
 # costs a fraction of a second; a draw may override any of these.
 BASE = ["trainer=debug", "trainer.max_steps=1", "logger=none", "trainer.eval_examples=8",
