@@ -49,7 +49,7 @@ def uses_learned_positions(cfg: "ModelConfig") -> bool:
 
 @dataclass
 class ModelConfig:
-    name: str = "elu"  # a built-in mixer (harness.layers) or a dotted path package.module.Class
+    name: str = registry.DEFAULT_MIXER  # a built-in mixer (harness.layers) or a dotted path package.module.Class
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 1
@@ -78,7 +78,7 @@ class ModelConfig:
     # which is `attn` (a name or such a mapping).
     layers: Optional[list[Any]] = None
     attn_every: Optional[int] = None
-    attn: Any = "softmax"
+    attn: Any = registry.DEFAULT_ATTENTION
 
     def __init__(self, **settings: Any) -> None:
         """The dataclass's own init, after the old model.* keys of a mixer's settings
@@ -174,7 +174,7 @@ def layer_configs(cfg: ModelConfig) -> list[ModelConfig]:
         else:  # a built-in slot: the model's built-in settings, under its own
             shared = {k: v for k, v in dict(cfg.options or {}).items() if k in builtin_options}
             options = {**shared, **dict(own or {})}
-        slot = replace(cfg, name=name, layers=None, attn_every=None, attn="softmax", **over)
+        slot = replace(cfg, name=name, layers=None, attn_every=None, attn=registry.DEFAULT_ATTENTION, **over)
         slot.options = options if options is not None else {}
         out.append(slot)
     return out

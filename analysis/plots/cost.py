@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 from analysis.plots import FigureSpec
 from analysis.plots.common import (figure, legend_outside, log2_axis, loglog_slope, new_figure,
                                    palette, require, table)
-from analysis.plots.reference import favor_features, state_sizes
+from analysis.plots.reference import STATE_CURVE_MIXERS, favor_features, state_sizes
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
@@ -36,13 +36,15 @@ def state_figure(d_head: int = 64, *, n_max: int = 100_000) -> Figure:
     m = favor_features(d_head)
     favor = state_sizes(m, d_head, n)
     fig, (ax,) = new_figure(panel=(5.0, 3.6), legend=3.0)
-    colors = palette(["softmax", "elu", "favor"])
-    ax.plot(n, sizes["kv_cache"], color=colors["softmax"], label="softmax: KV cache 2·N·d")
-    ax.plot(n, sizes["attention_matrix"], color=colors["softmax"], ls=":",
-            label="softmax: materialised weights N² (parallel form)")
-    ax.axhline(sizes["linear_state"], color=colors["elu"],
-               label=f"linear / elu: state d·d + d = {sizes['linear_state']:,.0f}")
-    ax.axhline(favor["linear_state"], color=colors["favor"], ls="--",
+    mixers = STATE_CURVE_MIXERS
+    colors = {curve: palette([mixer])[mixer] for curve, mixer in mixers.items()}
+    cache, state = mixers["kv_cache"], mixers["linear_state"]
+    ax.plot(n, sizes["kv_cache"], color=colors["kv_cache"], label=f"{cache}: KV cache 2·N·d")
+    ax.plot(n, sizes["attention_matrix"], color=colors["kv_cache"], ls=":",
+            label=f"{cache}: materialised weights N² (parallel form)")
+    ax.axhline(sizes["linear_state"], color=colors["linear_state"],
+               label=f"linear / {state}: state d·d + d = {sizes['linear_state']:,.0f}")
+    ax.axhline(favor["linear_state"], color=colors["favor_state"], ls="--",
                label=f"FAVOR+ (m = {m}): state m·d + m = {favor['linear_state']:,.0f}")
     cross = sizes["crossover"]
     ax.axvline(cross, color="0.4", ls=":", lw=1.0)

@@ -40,6 +40,12 @@ def state_sizes(d_k: int, d_v: int, n) -> dict:
             "crossover": float(ops.kv_crossover(d_k, d_v))}
 
 
+# The mixer whose colour each state-accounting curve is drawn in (the figure of the state against
+# the KV cache): the KV cache and the N x N weights are softmax attention's, the d_k d_v + d_k
+# state the linear maps' (elu+1's), m d + m FAVOR+'s.
+STATE_CURVE_MIXERS = {"kv_cache": "softmax", "linear_state": "elu", "favor_state": "favor"}
+
+
 def favor_features(d: int) -> int:
     """FAVOR+ default feature count m (about d ln d)."""
     return int(features.feature_dim("favor", d))

@@ -25,6 +25,10 @@ from torch import nn
 from harness.errors import first_line
 
 _BUILTINS: dict[str, type] = {}
+# The mixer a model is built with when it names none (conf/model's default too), and the one a
+# hybrid's attention slots take when `model.attn` is not set.
+DEFAULT_MIXER = "elu"
+DEFAULT_ATTENTION = "softmax"
 _NOT_MIXERS = ("options", "parts", "protocol", "registry")  # modules of this package that define no mixer
 _discovered = False
 
