@@ -11,6 +11,7 @@ from harness.config.plan import prepare
 from harness.layers import registry
 from harness.train.group import group_plans, shape_signature, train_group, ungroupable, why_apart
 from harness.train.group.optim import GroupAdamW, clip_per_member
+from harness.train.group.stack import build_member
 from harness.train.memory import fitted
 
 SMALL = ["model.d_model=8", "model.n_layers=1", "trainer=debug", "logger=none", "task.seq_len=32",
@@ -76,6 +77,27 @@ def test_each_member_follows_its_solo_run_in_float64(tmp_path, model, extra):
         for name, value in m.state_dict().items():
             torch.testing.assert_close(value, weights[name], rtol=1e-9, atol=1e-12)
     assert group[0].train_rows[-1]["train/loss"] != group[2].train_rows[-1]["train/loss"]
+
+
+def test_a_rounding_twin_starts_in_a_group_where_it_starts_alone(tmp_path):
+    """trainer.init_jitter moves a member's initial weights as it moves its solo run's: twins
+    apart only in the jitter start apart, so a rate pilot's rounding gap is measured in a group."""
+    from harness.train import loop
+
+    twins = [plan("elu", 0, 1e-2, 4, 6, "trainer.init_jitter=1e-2"), plan("elu", 0, 1e-2, 4, 6)]
+    grouped = [build_member(p).state_dict() for p in twins]
+    run = loop.start(twins[0], tmp_path / "solo")
+    try:
+        solo = {k: v.clone() for k, v in run.model.state_dict().items()}
+    finally:
+        run.metrics.close()
+        run.terminate.restore()
+    for name, value in grouped[0].items():
+        torch.testing.assert_close(value, solo[name], rtol=0, atol=0)
+    moved = [name for name, value in grouped[0].items() if not torch.equal(value, grouped[1][name])]
+    assert len(moved) >= len(grouped[0]) // 2, moved  # every weight not initialised to 0
+    first, second = (m.state_dict() for m in train_group(twins))
+    assert any(not torch.equal(first[name], second[name]) for name in moved)
 
 
 def test_group_adamw_is_torch_adamw_per_member_and_a_masked_member_stays_bit_for_bit():
