@@ -27,7 +27,7 @@ from harness.outputs.results import METRICS_FILE, MetricsLog, base_results
 from harness.train.evaluate import evaluate, make_eval_sets, periodic_sets
 from harness.train.faults import FaultWatch, NumericalFault, StopRequest
 from harness.train.finish import finish, report
-from harness.train.optim import (autocast_factory, build_optimizer, jitter_weights, lm_loss, lr_schedule,
+from harness.train.optim import (autocast_factory, build_optimizer, initial_model, lm_loss, lr_schedule,
                                  train_batches)
 from harness.train.state import LoopState, Run, StepClock, checkpoint_payload, restore_checkpoint, stop_reason
 
@@ -89,9 +89,7 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
     # and what a sweep chooses learning rates on (val_accuracy in the summary). The longer
     # settings' validation batches are never read: not kept, so they are freed at once.
     periodic = periodic_sets(make_eval_sets(module, tcfg, tr, cfg.seed, device, split="val"), plan.train_len)
-    model = plan.build_model().to(device)
-    if tr.init_jitter and resume is None:
-        jitter_weights(model, tr.init_jitter, cfg.seed)
+    model = initial_model(plan)  # a resumed run's weights are restored below
     watch = FaultWatch(model, plan.mcfg.name)  # hooks first, so a compiled model keeps them
     step_model = torch.compile(model) if tr.compile else model
     opt = build_optimizer(model, tr)

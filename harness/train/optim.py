@@ -5,12 +5,15 @@ trainer (harness.train.group) uses the same definitions, so a member's step is i
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from harness.tasks import IGNORE, label_positions
+
+if TYPE_CHECKING:
+    from harness.config.plan import RunPlan
 
 
 def build_optimizer(model: torch.nn.Module, tr) -> torch.optim.Optimizer:
@@ -74,6 +77,19 @@ def autocast_factory(device: torch.device, precision: str):
 
 
 JITTER_STREAM = 104_729  # the perturbation's generator: seed * this + 1, apart from every other stream
+
+
+def initial_model(plan: "RunPlan") -> torch.nn.Module:
+    """The model a run starts training from, the one definition a solo run
+    (harness.train.loop.start) and a group's member (harness.train.group.stack.build_member)
+    share: the global seed set to the run's, the plan's model on its device, its weights jittered
+    by trainer.init_jitter (a rounding twin is its own run, in a group too)."""
+    cfg = plan.cfg
+    torch.manual_seed(cfg.seed)
+    model = plan.build_model().to(plan.device)
+    if cfg.trainer.init_jitter:
+        jitter_weights(model, cfg.trainer.init_jitter, cfg.seed)
+    return model
 
 
 @torch.no_grad()

@@ -26,19 +26,14 @@ from torch.func import functional_call, stack_module_state, vmap
 from harness.config.plan import RunPlan
 from harness.model import LanguageModel
 from harness.train.group.linear import group_linears
-from harness.train.optim import jitter_weights
+from harness.train.optim import initial_model
 
 
 def build_member(plan: RunPlan, dtype: torch.dtype | None = None) -> LanguageModel:
-    """The member's model exactly as its solo run starts it (harness.train.loop.start): the global
-    seed set to the run's, then the plan's model on its device, its weights jittered by
-    trainer.init_jitter (a rounding twin is a member too: without its jitter it would be its
-    twin's copy, and a rate pilot would read a gap of 0); then cast to ``dtype`` if given
-    (float64 for the equality tests). A resumed group overwrites these weights with its own."""
-    torch.manual_seed(plan.cfg.seed)
-    model = plan.build_model().to(plan.device)
-    if plan.cfg.trainer.init_jitter:
-        jitter_weights(model, plan.cfg.trainer.init_jitter, plan.cfg.seed)
+    """The member's model exactly as its solo run starts it (harness.train.optim.initial_model:
+    the run's seed, its model, its init_jitter), then cast to ``dtype`` if given (float64 for the
+    equality tests). A resumed group overwrites these weights with its own."""
+    model = initial_model(plan)
     return model if dtype is None else model.to(dtype)
 
 
