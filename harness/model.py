@@ -275,7 +275,8 @@ def validate_hybrid(cfg: ModelConfig) -> None:
     if cfg.layers is not None and cfg.n_layers != len(cfg.layers):
         checks.fail("model.n_layers", f"{len(cfg.layers)}, the length of model.layers (or unset)", cfg.n_layers)
     slots = layer_configs(cfg)
-    stray = [key for key in (cfg.options or {}) if key not in registry.option_owners()]
+    owners = registry.option_owners()
+    stray = [key for key in (cfg.options or {}) if key not in owners]
     if stray and not any(registry.is_dotted(slot.name) for slot in slots):
         raise ValueError(f"model.options.{stray[0]}: no layer of this stack takes it (no built-in mixer has "
                          "that option, and no layer is an outside mixer)")

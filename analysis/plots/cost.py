@@ -37,7 +37,8 @@ def state_figure(d_head: int = 64, *, n_max: int = 100_000) -> Figure:
     favor = state_sizes(m, d_head, n)
     fig, (ax,) = new_figure(panel=(5.0, 3.6), legend=3.0)
     mixers = STATE_CURVE_MIXERS
-    colors = {curve: palette([mixer])[mixer] for curve, mixer in mixers.items()}
+    by_mixer = palette(mixers.values())
+    colors = {curve: by_mixer[mixer] for curve, mixer in mixers.items()}
     cache, state = mixers["kv_cache"], mixers["linear_state"]
     ax.plot(n, sizes["kv_cache"], color=colors["kv_cache"], label=f"{cache}: KV cache 2·N·d")
     ax.plot(n, sizes["attention_matrix"], color=colors["kv_cache"], ls=":",
