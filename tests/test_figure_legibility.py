@@ -32,7 +32,7 @@ from matplotlib.text import Text
 from conftest import make_results
 
 from analysis import figures
-from analysis.plots.palette import FAMILY_SWATCHES, MIXER_ORDER, mixer_colors
+from analysis.plots.palette import FAMILY_SWATCHES, mixer_colors, reading_order
 
 DPI = 100
 TEXT_TOLERANCE = 1.0     # px each box may reach into another
@@ -71,13 +71,12 @@ def _crowd(maker):
     """``maker`` with a copy of its runs for every built-in mixer it leaves out: taylor (a
     second-order approximation of softmax) just under softmax's runs, as it trains in practice,
     the others elu's runs scaled apart, so the figures are drawn as crowded as a full sweep."""
-    from harness.layers import registry
 
     def runs(rng):
         payloads = maker(rng)
         ok = [p for p in payloads if p.get("status") == "ok"]
         present = {p["model"] for p in ok}
-        missing = [m for m in MIXER_ORDER if m not in present] + sorted(set(registry.builtin_names()) - set(MIXER_ORDER) - present)
+        missing = [m for m in reading_order() if m not in present]
         for k, model in enumerate(missing):
             source, factor = ("softmax", 0.995) if model == "taylor" else ("elu", 0.97 - 0.06 * k)
             payloads += [_copy_as(p, model, factor) for p in ok if p["model"] == source]
@@ -266,14 +265,14 @@ def test_every_built_in_mixer_has_a_colour_of_its_own_in_its_familys_hues():
     for name in names:  # its colour is a swatch of the family its class declares
         family = registry.resolve(name).family
         assert colors[name] in [to_rgb(c) for c in FAMILY_SWATCHES[family]], name
-    assert set(MIXER_ORDER) <= set(names)
+    assert set(reading_order()) == set(names)
     # a figure drawing fewer mixers paints them the same
     assert mixer_colors(["mamba", "softmax"]) == {"mamba": colors["mamba"], "softmax": colors["softmax"]}
 
 
 def test_an_outside_mixer_takes_its_declared_familys_free_swatch_or_a_neutral_one():
     colors = mixer_colors(["softmax", "pkg.Mixer", "pkg.Other"], {"pkg.Mixer": "decay"})
-    builtin = set(mixer_colors(MIXER_ORDER).values())
+    builtin = set(mixer_colors(reading_order()).values())
     assert colors["pkg.Mixer"] in [to_rgb(c) for c in FAMILY_SWATCHES["decay"]]
     assert colors["pkg.Mixer"] not in builtin and colors["pkg.Other"] not in builtin
     assert colors["pkg.Other"] != colors["pkg.Mixer"]
@@ -283,7 +282,7 @@ def test_an_outside_mixer_takes_its_declared_familys_free_swatch_or_a_neutral_on
 def test_each_mixer_keeps_its_colour_across_figures(which, name, drawn_record):
     """A legend entry named by a built-in mixer alone is drawn in that mixer's colour."""
     assert drawn_record[which, name] is not None
-    colors = mixer_colors(MIXER_ORDER)
+    colors = mixer_colors(reading_order())
     fig = drawn_record[which, name][0]
     for legend in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]:
         for text, handle in zip(legend.get_texts(), legend.legend_handles):

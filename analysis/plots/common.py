@@ -26,7 +26,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLoca
 from analysis import stats
 from analysis.loader import NoResultsError, load_all
 from analysis.plots.labels import label_runs, natural_key, shades
-from analysis.plots.palette import FAMILY_SWATCHES, MARKERS, MIXER_ORDER, family_of, mixer_colors, mixer_markers
+from analysis.plots.palette import FAMILY_SWATCHES, MARKERS, family_of, mixer_colors, mixer_markers, reading_order
 
 SEED, LR, WIDTH = "config.seed", "config.trainer.lr", "config.model.d_model"
 LR_EXTENDED = "lr_extended"  # a run whose rate the sweep added past its grid's edge
@@ -311,7 +311,7 @@ def _short(column: str, value) -> str:
 def mixer_order(names) -> list[str]:
     """Mixers in the project's reading order (softmax first), unknown names after, sorted."""
     names = set(pd.Series(list(names)).dropna().astype(str))
-    known = [m for m in MIXER_ORDER if m in names]
+    known = [m for m in reading_order() if m in names]
     return known + sorted(names - set(known))
 
 

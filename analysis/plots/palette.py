@@ -3,7 +3,8 @@
 A mixer's family (the ``family`` its class declares, harness.layers) fixes the region of hues
 it is drawn in: softmax attention in blues, the kernel (linear) maps in warm hues, the decays in
 greens, the delta rule in purples. Each built-in mixer of a family takes its own swatch of that
-region, in the reading order (MIXER_ORDER), so a family reads as related hues while no two
+region, in the reading order (reading_order(): the families in FAMILY_SWATCHES's order, each
+family's mixers in the order harness.layers defines them), so a family reads as related hues while no two
 mixers share a colour. An outside mixer (a dotted model.name; its code is never imported here)
 takes the next free swatch of the family its runs declare (summary.family), and a mixer with no
 known family a neutral one.
@@ -19,11 +20,7 @@ from collections.abc import Iterable, Mapping
 import pandas as pd
 from matplotlib.colors import to_rgb
 
-# The reading order of the built-in mixers (softmax first, the kernel maps together).
-MIXER_ORDER = ("softmax", "linear", "elu", "favor", "taylor", "dpfp", "retnet", "mamba", "deltanet",
-               "gated_deltanet", "swa")
-
-# Per family, its swatches in the order its mixers take them; the last ones are left for outside
+# Per family (in reading order: softmax attention first), its swatches in the order its mixers take them; the last ones are left for outside
 # mixers of the family. Chosen apart in CIELAB (tests/test_figure_legibility.py holds them apart).
 FAMILY_SWATCHES = {
     "softmax": ("#0072B2", "#56B4E9", "#1B2F6E"),
@@ -48,6 +45,19 @@ def builtin_family(name: str) -> str | None:
     if name not in registry.builtin_names():
         return None
     return registry.resolve(name).family or None
+
+
+def reading_order() -> tuple[str, ...]:
+    """The built-in mixers in reading order: by family (FAMILY_SWATCHES's order, a family it does
+    not know after), within a family in the order harness.layers defines them. Derived from the
+    registry, so a new built-in takes its place without being listed here."""
+    from harness.layers import registry
+
+    families = list(FAMILY_SWATCHES)
+    names = registry.definition_order()
+    rank = {n: (families.index(f) if (f := builtin_family(n)) in families else len(families), i)
+            for i, n in enumerate(names)}
+    return tuple(sorted(names, key=rank.__getitem__))
 
 
 def mixer_colors(names: Iterable[str], declared: Mapping[str, str] | None = None) -> dict[str, tuple]:
@@ -76,19 +86,18 @@ def family_of(name: str, declared: Mapping[str, str] | None = None) -> str:
 
 
 def mixer_markers(names: Iterable[str]) -> dict[str, str]:
-    """{name: marker}: built-ins by their place in MIXER_ORDER, other names after them in turn."""
+    """{name: marker}: built-ins by their place in the reading order, other names after them in turn."""
+    order = reading_order()
     names = sorted(set(pd.Series(list(names)).dropna().astype(str)), key=_reading_rank)
-    others = iter(range(len(MIXER_ORDER), len(MIXER_ORDER) + len(names)))
-    return {n: MARKERS[(MIXER_ORDER.index(n) if n in MIXER_ORDER else next(others)) % len(MARKERS)] for n in names}
+    others = iter(range(len(order), len(order) + len(names)))
+    return {n: MARKERS[(order.index(n) if n in order else next(others)) % len(MARKERS)] for n in names}
 
 
 def _builtin_members(family: str) -> list[str]:
-    """The built-in mixers of ``family`` in reading order (new built-ins after, by name)."""
-    from harness.layers import registry
-
-    names = sorted(registry.builtin_names(), key=_reading_rank)
-    return [n for n in names if builtin_family(n) == family]
+    """The built-in mixers of ``family`` in reading order."""
+    return [n for n in reading_order() if builtin_family(n) == family]
 
 
 def _reading_rank(name: str):
-    return (MIXER_ORDER.index(name), "") if name in MIXER_ORDER else (len(MIXER_ORDER), name)
+    order = reading_order()
+    return (order.index(name), "") if name in order else (len(order), name)

@@ -68,6 +68,13 @@ def builtin_names() -> list[str]:
     return sorted(_BUILTINS)
 
 
+def definition_order() -> list[str]:
+    """The built-in mixer names in the order the package defines them (its modules by name, each
+    module's mixers top to bottom): the reading order figures draw a family's mixers in."""
+    _discover()
+    return list(_BUILTINS)
+
+
 def is_dotted(name: str) -> bool:
     return isinstance(name, str) and "." in name
 
