@@ -279,7 +279,7 @@ def test_every_paper_configuration_fits_the_reference_machine(monkeypatch):
     from analysis import smoke
 
     monkeypatch.setenv(LIMIT_ENV, LIMIT)
-    from harness.run.resources import check_resources
+    from harness.run.job import plan_for
 
     checked = 0
     for name in smoke.experiments("paper"):
@@ -288,7 +288,7 @@ def test_every_paper_configuration_fits_the_reference_machine(monkeypatch):
         for model in models:
             cfg = compose_config([f"+experiment=paper/{name}", *smoke.grid_overrides(params, "last"),
                                   f"model={model}", "trainer.device=cpu"])
-            plan = check_resources(prepare(cfg))  # ResourceError if it does not fit
+            plan = plan_for(cfg)  # ResourceError if it does not fit
             if cfg.mode == "train":
                 assert plan.eval_tokens > 0  # the tokens per evaluation pass that fit
             checked += 1

@@ -5,9 +5,10 @@ output directory exists.
 (the ModelConfig, the task module and its Config, the device), derives the lengths and the
 config's identity (its flat form and hash, harness.config.digest). The RunPlan it returns is
 frozen: training, the probe, the cost mode and the outputs read it and derive nothing from the
-config again. The resource check of the run's mode (harness.run.resources) adds what fits on
-the device (a training run's tokens per evaluation pass). `reopen(cfg, device)` is the plan of a
-finished run, from the config saved beside its weights (harness.outputs.load).
+config again. The mode's `ready` (harness.config.schema.MODES; for training
+harness.train.memory.fitted) adds what fits on the device (a training run's tokens per evaluation
+pass). `reopen(cfg, device)` is the plan of a finished run, from the config saved beside its
+weights (harness.outputs.load).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class RunPlan:
     train_len: int                       # the training length (harness.tasks.train_length)
     flat: dict[str, Any]                 # the config flat (harness.config.digest.flat_config)
     digest: str                          # its hash: what a checkpoint or a finished run belongs to
-    eval_tokens: Optional[int] = None    # train: tokens per evaluation pass that fit (harness.run.resources)
+    eval_tokens: Optional[int] = None    # train: tokens per evaluation pass that fit (harness.train.memory.fitted)
     core: Optional[tuple[str, int]] = None  # cost: the mixer's harness.ops core and key dimension
     source: Any = None                   # a derived mode (ablate): the run it reads (harness.outputs.source)
     checked: bool = True                 # the ModelConfig has passed validation (not a reopened run's)

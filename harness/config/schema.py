@@ -145,7 +145,24 @@ class Config:
     analysis: dict[str, Any] = field(default_factory=dict)
 
 
-MODES = ("train", "probe", "cost", "ablate", "intervene")
+@dataclass(frozen=True)
+class Mode:
+    """What a mode runs, as dotted paths (imported when a run of that mode starts:
+    harness.run.job). `run(plan, out_dir)`: the mode's work, its results returned (training also
+    takes `resume=`, the checkpoint it continues from). `ready(plan) -> plan`, when set: what the
+    mode checks or reads before its run directory is claimed, a refusal in one line (the memory a
+    training run or a probe grid needs, against the device; the trained run a derived mode reads)."""
+    run: str
+    ready: Optional[str] = None
+
+
+# Every mode, the one list of them (validation checks `mode` against it). cost checks nothing up
+# front: each measured call that would not fit is skipped and recorded (harness.bench.run).
+MODES = {"train": Mode("harness.train.loop.train", ready="harness.train.memory.fitted"),
+         "probe": Mode("harness.run.probe_mode.probe_run", ready="harness.run.probe_mode.fits"),
+         "cost": Mode("harness.run.cost_mode.cost_run"),
+         "ablate": Mode("harness.run.ablate_mode.ablate_mode", ready="harness.outputs.source.derive"),
+         "intervene": Mode("harness.run.intervene_mode.intervene_mode", ready="harness.outputs.source.derive")}
 
 
 def task_schema(name: str) -> type:

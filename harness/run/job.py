@@ -14,7 +14,7 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from omegaconf import DictConfig
 
@@ -40,43 +40,34 @@ def _hydra_context(fresh: bool) -> Where:
     return Where(Path(hc.runtime.output_dir), multirun, Path(hc.sweep.dir) if multirun else None, fresh)
 
 
+def mode_function(plan: RunPlan, part: str) -> Callable[..., Any] | None:
+    """The plan's mode's `run` or `ready` function (harness.config.schema.Mode), imported."""
+    from harness.config.schema import MODES
+    from harness.layers.registry import import_object
+
+    path = getattr(MODES[plan.mode], part)
+    return None if path is None else import_object(path, f"mode={plan.mode}")
+
+
 def dispatch(plan: RunPlan, run: RunDir) -> dict[str, Any]:
-    """Run the plan's mode in its claimed directory."""
-    if plan.mode == "train":
-        from harness.train.loop import train
-
-        return train(plan, run.path, resume=run.resume)
-    if plan.mode == "probe":
-        from harness.run.probe_mode import probe_run
-
-        return probe_run(plan, run.path)
-    if plan.mode == "cost":
-        from harness.run.cost_mode import cost_run
-
-        return cost_run(plan, run.path)
-    if plan.mode == "ablate":
-        from harness.run.ablate_mode import ablate_mode
-
-        return ablate_mode(plan, run.path)
-    if plan.mode == "intervene":
-        from harness.run.intervene_mode import intervene_mode
-
-        return intervene_mode(plan, run.path)
-    raise ValueError(f"unknown mode '{plan.mode}'")
+    """Run the plan's mode in its claimed directory; a checkpoint to resume (found only for
+    training: harness.outputs.rundir.claim) goes in as `resume=`."""
+    run_mode = mode_function(plan, "run")
+    return run_mode(plan, run.path) if run.resume is None else run_mode(plan, run.path, resume=run.resume)
 
 
 def plan_for(cfg: DictConfig, made: RunPlan | None = None) -> RunPlan:
-    """The run's plan with its resources checked and, for a mode that reads a run (ablate), that
-    run's identity in its hash (harness.outputs.source.derive): ``made`` (the CLI prepares a
+    """The run's plan, made ready by its mode (its resources checked; for a mode that reads a run,
+    that run's identity in its hash: harness.outputs.source.derive): ``made`` (the CLI prepares a
     single run before Hydra starts it) when it is of this very config, else cfg prepared here
     (its one validation)."""
     from harness.config.validate import resolved
-    from harness.outputs.source import derive
-    from harness.run.resources import check_resources
 
     if made is not None and resolved(made.cfg) == resolved(cfg):
         return replace(made, cfg=cfg)
-    return derive(check_resources(prepare(cfg)))
+    plan = prepare(cfg)
+    ready = mode_function(plan, "ready")
+    return plan if ready is None else ready(plan)
 
 
 def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -> dict[str, Any]:

@@ -11,6 +11,17 @@ from harness.outputs.results import RESULTS_FILE, base_results, env_info, write_
 from harness.config.plan import RunPlan
 
 
+def fits(plan: RunPlan) -> RunPlan:
+    """The plan, once every (d, N) row of its grid fits on the device
+    (harness.measure.probe.check_probe: ResourceError, one line, otherwise)."""
+    from harness.measure.probe import check_probe
+
+    pr = plan.cfg.probe
+    check_probe([plan.mcfg.name], list(pr.d), list(pr.n) if pr.n is not None else None,
+                device=str(plan.device), candidates=pr.candidates, max_queries=pr.max_queries)
+    return plan
+
+
 def probe_options(model: DictConfig) -> dict[str, Any]:
     """What a mixer's probe_memory may take by name: the model.* settings and the mixer's
     options (a built-in's, such as model.options.dpfp_nu or retnet_heads; an outside mixer's

@@ -34,7 +34,7 @@ from harness.train.state import LoopState, Run, StepClock, checkpoint_payload, r
 
 def train(plan: RunPlan, out_dir: Path, on_step: Callable[[int], None] | None = None,
           resume: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train the plan's model on its task (its resources checked: harness.run.resources); write
+    """Train the plan's model on its task (its resources checked: harness.train.memory.fitted); write
     metrics and results into out_dir.
 
     A checkpoint (`checkpoint-<step>-<digest>.pt`) is written every `trainer.ckpt_every` steps.
