@@ -41,10 +41,25 @@ def uses_learned_positions(cfg: "ModelConfig") -> bool:
     A hybrid gets them only when every slot wants them: its recurrent layers carry position (as
     in Jamba, whose attention layers have no positional encoding), and learned positions would
     bar it from the lengths past training that its long-context evaluation needs."""
-    if cfg.pos_emb is not None:
-        return cfg.pos_emb == "learned"
-    return all(getattr(registry.resolve(slot.name), "wants_learned_positions", False)
-               for slot in layer_configs(cfg))
+    return stack_of(cfg).learned_positions
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A model's layers as the build, validation, the memory estimate and grouping read them,
+    derived once (stack_of): each layer's ModelConfig (layer_configs) and mixer class, and whether
+    the model has learned absolute positions."""
+    slots: tuple["ModelConfig", ...]
+    mixers: tuple[type, ...]
+    learned_positions: bool
+
+
+def stack_of(cfg: "ModelConfig") -> Stack:
+    slots = tuple(layer_configs(cfg))
+    mixers = tuple(registry.resolve(slot.name) for slot in slots)
+    learned = (cfg.pos_emb == "learned" if cfg.pos_emb is not None
+               else all(getattr(cls, "wants_learned_positions", False) for cls in mixers))
+    return Stack(slots, mixers, learned)
 
 
 @dataclass
@@ -288,10 +303,10 @@ def validate_hybrid(cfg: ModelConfig) -> None:
             raise ValueError(f"{where} ({slot.name}): {exc}") from None
 
 
-def check_mixers(cfg: ModelConfig, lengths=None) -> None:
-    """The pre-flight (registry.check_mixer) of every distinct slot of cfg, at each length."""
+def check_mixers(stack: Stack, lengths=None) -> None:
+    """The pre-flight (registry.check_mixer) of every distinct slot of the stack, at each length."""
     seen = set()
-    for slot in layer_configs(cfg):
+    for slot in stack.slots:
         key = (slot.name, repr(dict(slot.options or {})))
         if key not in seen:
             seen.add(key)
@@ -337,12 +352,13 @@ class LanguageModel(nn.Module):
             raise ValueError(f"vocab_size and max_seq_len must be positive, got {vocab_size}, {max_seq_len}")
         self.cfg, self.vocab_size, self.max_seq_len = cfg, vocab_size, max_seq_len
         self.embed = nn.Embedding(vocab_size, cfg.d_model)
-        self.pos_embed = nn.Embedding(max_seq_len, cfg.d_model) if uses_learned_positions(cfg) else None
+        stack = stack_of(cfg)
+        self.pos_embed = nn.Embedding(max_seq_len, cfg.d_model) if stack.learned_positions else None
         self.dropout = nn.Dropout(cfg.dropout)
         # hook_embed: the residual entering block 0 (token and position embeddings): what an
         # interchange intervention restores at layer 0's input (harness.measure.intervene)
         self.hook_embed = HookPoint()
-        self.layers = nn.ModuleList([Block(slot, i) for i, slot in enumerate(layer_configs(cfg))])
+        self.layers = nn.ModuleList([Block(slot, i) for i, slot in enumerate(stack.slots)])
         self.norm_f = make_norm(cfg.norm, cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         if cfg.tie_embeddings:

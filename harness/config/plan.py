@@ -20,13 +20,14 @@ from omegaconf import DictConfig
 if TYPE_CHECKING:
     import torch
 
-    from harness.model import LanguageModel, ModelConfig
+    from harness.model import LanguageModel, ModelConfig, Stack
 
 
 @dataclass(frozen=True)
 class RunPlan:
     cfg: DictConfig                      # the composed config (written and logged as it is)
     mcfg: ModelConfig
+    stack: Stack                         # its layers' configs and mixer classes (harness.model.stack_of)
     module: Any                          # the task module (harness.tasks)
     tcfg: Any                            # its Config
     device: torch.device
@@ -51,13 +52,13 @@ class RunPlan:
                              checked=self.checked)
 
 
-def _plan(cfg: DictConfig, mcfg: ModelConfig, module: Any, tcfg: Any, device: torch.device,
-          **rest: Any) -> RunPlan:
+def _plan(cfg: DictConfig, mcfg: ModelConfig, stack: Stack, module: Any, tcfg: Any,
+          device: torch.device, **rest: Any) -> RunPlan:
     from harness.config.digest import identify
     from harness.tasks import train_length
 
     flat, digest = identify(cfg)
-    return RunPlan(cfg=cfg, mcfg=mcfg, module=module, tcfg=tcfg, device=device,
+    return RunPlan(cfg=cfg, mcfg=mcfg, stack=stack, module=module, tcfg=tcfg, device=device,
                    max_len=module.max_seq_len(tcfg), train_len=train_length(module, tcfg),
                    flat=flat, digest=digest, **rest)
 
@@ -67,13 +68,16 @@ def prepare(cfg: DictConfig) -> RunPlan:
     from harness.config import validate
 
     checked = validate.validate_config(cfg)
-    return _plan(cfg, checked.mcfg, checked.module, checked.tcfg, checked.device, core=checked.core)
+    return _plan(cfg, checked.mcfg, checked.stack, checked.module, checked.tcfg, checked.device,
+                 core=checked.core)
 
 
 def reopen(cfg: DictConfig, device: torch.device) -> RunPlan:
     """The plan of a finished run from its saved config, not validated again: it was when the run
     was made, and a later harness may have added keys (their defaults fill them)."""
     from harness.config.build import model_config, task_config
+    from harness.model import stack_of
 
     module, tcfg = task_config(cfg.task)
-    return _plan(cfg, model_config(cfg.model), module, tcfg, device, checked=False)
+    mcfg = model_config(cfg.model)
+    return _plan(cfg, mcfg, stack_of(mcfg), module, tcfg, device, checked=False)

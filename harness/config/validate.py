@@ -18,10 +18,9 @@ from harness.config.schema import (ABLATIONS, CORRUPTIONS, MODES, Config, CostCo
                                    SweepConfig, TrainerConfig, task_schema)
 from harness.config.build import model_config, task_config
 from harness.layers.preflight import run_lengths
-from harness.layers.registry import resolve
 from harness.ops.cores import CORE_FORMS
 from harness.model import ModelConfig
-from harness.model import check_mixers, is_hybrid
+from harness.model import Stack, check_mixers, is_hybrid, stack_of
 from harness.model import validate as validate_model
 from harness.ops.common.guards import FORMS
 
@@ -161,16 +160,17 @@ def resolved(cfg: DictConfig) -> dict:
         raise ValueError(f"bad value for '{key}': {detail}") from None
 
 
-def _check_positions_extrapolate(mcfg: ModelConfig, module, tcfg) -> None:
+def _check_positions_extrapolate(mcfg: ModelConfig, stack: Stack, module, tcfg) -> None:
     """Learned absolute positions have no embedding past the training length: evaluating
     longer sequences is refused (rotary, or no positions with the short convolution, extrapolate)."""
-    from harness.model import label, uses_learned_positions
+    from harness.model import stack_label
     from harness.tasks import train_length
 
-    if not uses_learned_positions(mcfg):
+    if not stack.learned_positions:
         return
     trained, longest = train_length(module, tcfg), module.max_seq_len(tcfg)
-    what = f"the stack {label(mcfg)} (model.layers)" if is_hybrid(mcfg) else f"model={mcfg.name}"
+    what = (f"the stack {stack_label([s.name for s in stack.slots])} (model.layers)" if is_hybrid(mcfg)
+            else f"model={mcfg.name}")
     checks.require(longest <= trained,
                    f"{what} has learned absolute positions, trained at length {trained}: "
                    f"they cannot be evaluated at length {longest} (task.test_seq_len); for length "
@@ -180,9 +180,11 @@ def _check_positions_extrapolate(mcfg: ModelConfig, module, tcfg) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Checked:
-    """What validation built on its way, so that no one builds it again: the ModelConfig, the
-    task module and its Config, the device, and (mode=cost) the mixer's core and key dimension."""
+    """What validation built on its way, so that no one builds it again: the ModelConfig and its
+    stack (each layer's config and mixer class), the task module and its Config, the device, and
+    (mode=cost) the mixer's core and key dimension."""
     mcfg: ModelConfig
+    stack: Stack
     module: Any
     tcfg: Any
     device: Any
@@ -207,6 +209,7 @@ def _validate(c: dict, cfg: DictConfig) -> Checked:
 
     mcfg = model_config(cfg.model)
     validate_model(mcfg)
+    stack = stack_of(mcfg)
     checks.require(c["mode"] not in ("cost", "probe") or not is_hybrid(mcfg),
                    f"mode={c['mode']} measures one mixer; model.layers / model.attn_every describe a stack: "
                    "give one slot's mixer as model.name")
@@ -214,14 +217,14 @@ def _validate(c: dict, cfg: DictConfig) -> Checked:
     module.validate(tcfg)
     for setting in module.eval_settings(tcfg):
         module.validate(setting)
-    check_mixers(mcfg, run_lengths(module, tcfg))  # the pre-flight at every length the run uses
+    check_mixers(stack, run_lengths(module, tcfg))  # the pre-flight at every length the run uses
     core = None
     if c["mode"] == "train":
-        _check_positions_extrapolate(mcfg, module, tcfg)
+        _check_positions_extrapolate(mcfg, stack, module, tcfg)
     if c["mode"] == "cost":
         core = _check_cost_family(cfg)
     if c["mode"] == "probe":
-        checks.require(getattr(resolve(mcfg.name), "probe_memory", None) is not None,
+        checks.require(getattr(stack.mixers[0], "probe_memory", None) is not None,
                        f"probe: model {mcfg.name!r} declares no probe_memory(d, seed) "
                        "(harness.layers.protocol), so the probe cannot write random pairs into it")
-    return Checked(mcfg, module, tcfg, device, core)
+    return Checked(mcfg, stack, module, tcfg, device, core)

@@ -83,7 +83,7 @@ def _memory_bound(plan) -> int:
     from harness.train.memory import eval_bytes, shape_of, train_bytes
 
     tr = plan.cfg.trainer
-    shape = shape_of(plan.mcfg, plan.module, plan.tcfg, tr)
+    shape = shape_of(plan.mcfg, plan.stack, plan.module, plan.tcfg, tr)
     per = train_bytes(shape.facts, shape.batch, shape.train_len, shape.data_chunk) + \
         eval_bytes(shape.facts, shape.eval_lens, plan.eval_tokens or tr.eval_tokens, shape.eval_examples)
     limit, _ = memory_limit(plan.device)

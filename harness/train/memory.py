@@ -26,9 +26,8 @@ from omegaconf import DictConfig
 from harness.config.build import model_config, task_config
 from harness.devices import format_bytes, memory_limit, select_device
 from harness.errors import ResourceError
-from harness.layers import registry
 from harness.layers.parts import qk_width
-from harness.model import ModelConfig, is_hybrid, layer_configs, uses_learned_positions
+from harness.model import ModelConfig, Stack, is_hybrid, stack_of
 from harness.train.evaluate import examples_per_pass
 
 if TYPE_CHECKING:
@@ -55,32 +54,33 @@ class ModelFacts:
     params: int
 
 
-def param_count(mcfg: ModelConfig, vocab: int, max_len: int) -> int:
+def param_count(mcfg: ModelConfig, vocab: int, max_len: int, learned_positions: bool | None = None) -> int:
     """Parameters of the language model, counted from the config (nothing is built): embedding and
-    head, learned positions, and per block its norms, MLP (none with model.mlp=false) and the
-    mixer's projections (q, k, v, output, a gate's worth more for the gated and decayed mixers,
-    the short convolution)."""
+    head, learned positions (``learned_positions``, when the caller has its stack; else derived),
+    and per block its norms, MLP (none with model.mlp=false) and the mixer's projections (q, k, v,
+    output, a gate's worth more for the gated and decayed mixers, the short convolution)."""
+    if learned_positions is None:
+        learned_positions = stack_of(mcfg).learned_positions
     C, H, r = mcfg.d_model, mcfg.n_heads, mcfg.mlp_ratio
     qkv = 2 * H * qk_width(mcfg) + C
     mixer = C * qkv + 2 * C * C + (qkv * mcfg.conv_size if mcfg.short_conv else 0) + 4 * C
     mlp = 2 * r * C * C + (r + 1) * C + 2 * C if mcfg.mlp else 0  # its two layers and its norm
     block = mixer + mlp + 2 * C
     embed = vocab * C * (1 if mcfg.tie_embeddings else 2)
-    positions = max_len * C if uses_learned_positions(mcfg) else 0
+    positions = max_len * C if learned_positions else 0
     return embed + positions + mcfg.n_layers * block + 2 * C
 
 
-def model_facts(mcfg: ModelConfig, vocab: int, max_len: int) -> ModelFacts:
+def model_facts(mcfg: ModelConfig, stack: Stack, vocab: int, max_len: int) -> ModelFacts:
     """The estimate's facts; a hybrid's are those of its costliest slot at the longest length
     (every layer is then counted as that one: an estimate that errs high, never low)."""
-    if is_hybrid(mcfg):
-        options = [slot_facts(s, vocab, max_len) for s in layer_configs(mcfg)]
-        return max(options, key=lambda f: _block_elements(f, max_len, training=True))
-    return slot_facts(mcfg, vocab, max_len)
+    options = [slot_facts(slot, cls, vocab, max_len, stack.learned_positions)
+               for slot, cls in zip(stack.slots, stack.mixers)]
+    return max(options, key=lambda f: _block_elements(f, max_len, training=True)) if is_hybrid(mcfg) else options[0]
 
 
-def slot_facts(mcfg: ModelConfig, vocab: int, max_len: int) -> ModelFacts:
-    cls = registry.resolve(mcfg.name)
+def slot_facts(mcfg: ModelConfig, cls: type, vocab: int, max_len: int, learned_positions: bool) -> ModelFacts:
+    """One layer's facts, its config and mixer class, counted as if every layer were it."""
     d_qk = qk_width(mcfg)
     key_width = getattr(cls, "key_width", None)
     d_key = int(key_width(d_qk, mcfg)) if callable(key_width) else d_qk
@@ -88,7 +88,7 @@ def slot_facts(mcfg: ModelConfig, vocab: int, max_len: int) -> ModelFacts:
     core = core_for(mcfg) if callable(core_for) else getattr(cls, "core", "")
     return ModelFacts(mcfg.d_model, mcfg.n_layers, mcfg.n_heads, d_qk, d_key, mcfg.mlp_ratio if mcfg.mlp else 0,
                       core if isinstance(core, str) else "", mcfg.form, mcfg.chunk_size, vocab,
-                      param_count(mcfg, vocab, max_len))
+                      param_count(mcfg, vocab, max_len, learned_positions))
 
 
 def _mixer_elements(f: ModelFacts, T: int, training: bool) -> float:
@@ -180,16 +180,18 @@ class RunShape:
 def run_shape(cfg: DictConfig) -> RunShape:
     """cfg's sizes, from the config alone: nothing is generated (harness.tasks.train_length)."""
     module, tcfg = task_config(cfg.task)
-    return shape_of(model_config(cfg.model), module, tcfg, cfg.trainer)
+    mcfg = model_config(cfg.model)
+    return shape_of(mcfg, stack_of(mcfg), module, tcfg, cfg.trainer)
 
 
-def shape_of(mcfg: ModelConfig, module, tcfg, tr) -> RunShape:
-    """The sizes of a run of this model on this task (its module and Config) with trainer `tr`."""
+def shape_of(mcfg: ModelConfig, stack: Stack, module, tcfg, tr) -> RunShape:
+    """The sizes of a run of this model (its config and stack) on this task (its module and
+    Config) with trainer `tr`."""
     from harness.tasks import train_length
 
     train_len = train_length(module, tcfg)
     eval_lens = [train_length(module, s) for s in module.eval_settings(tcfg)]
-    facts = model_facts(mcfg, tcfg.vocab_size, module.max_seq_len(tcfg))
+    facts = model_facts(mcfg, stack, tcfg.vocab_size, module.max_seq_len(tcfg))
     return RunShape(facts, train_len, eval_lens, tr.batch_size, tr.data_chunk, tr.eval_examples)
 
 
@@ -215,7 +217,7 @@ def fitted(plan: RunPlan) -> RunPlan:
     """The training plan with the tokens per evaluation pass that fit on its device (ResourceError,
     one line, if its step or evaluation cannot fit)."""
     tr = plan.cfg.trainer
-    tokens = fit_training(shape_of(plan.mcfg, plan.module, plan.tcfg, tr), tr, plan.device)
+    tokens = fit_training(shape_of(plan.mcfg, plan.stack, plan.module, plan.tcfg, tr), tr, plan.device)
     return replace(plan, eval_tokens=tokens)
 
 

@@ -19,7 +19,6 @@ from typing import Any, Optional, Sequence
 
 from harness.config.plan import RunPlan
 from harness.layers import registry
-from harness.model import layer_configs, uses_learned_positions
 
 # Settings of the trainer that fix a tensor shape of the step, or the process the members share
 TRAINER_KEYS = ("trainer.batch_size", "trainer.precision", "trainer.threads")
@@ -32,7 +31,7 @@ def shape_signature(plan: RunPlan) -> dict[str, Any]:
     sig["vocabulary"] = plan.tcfg.vocab_size
     sig["training length"] = plan.train_len
     # the learned positions' table has a row per position of the longest evaluated sequence
-    sig["learned positions"] = plan.max_len if uses_learned_positions(plan.mcfg) else None
+    sig["learned positions"] = plan.max_len if plan.stack.learned_positions else None
     sig.update({k: plan.flat[k] for k in TRAINER_KEYS})
     sig["device"] = str(plan.device)
     return sig
@@ -52,7 +51,7 @@ def ungroupable(plan: RunPlan) -> Optional[str]:
                 "masks would not be its solo run's")
     if mcfg.form != "chunk":
         return f"model.form={mcfg.form}: a group trains the chunk form (its denominators are checked per member)"
-    outside = [slot.name for slot in layer_configs(mcfg) if registry.is_dotted(slot.name)]
+    outside = [slot.name for slot in plan.stack.slots if registry.is_dotted(slot.name)]
     if outside:  # its code is not known to batch: a trial step says (harness.train.group.trial)
         from harness.train.group.trial import batching_trial
 
