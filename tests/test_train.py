@@ -67,7 +67,7 @@ def test_init_jitter_perturbs_every_weight_by_its_size_and_nothing_else(tmp_path
     jitter_weights(b, 1e-6, seed=3)
     pairs = list(zip(plain.parameters(), a.parameters(), b.parameters()))
     assert all(torch.equal(x, y) for _, x, y in pairs)
-    moved = torch.cat([((x - p) / p).flatten()[p.flatten() != 0] for p, x, _ in pairs])
+    moved = torch.cat([((x - p) / p).detach().flatten()[p.flatten() != 0] for p, x, _ in pairs])
     assert 3e-7 < float(moved.abs().mean()) < 3e-6 and float(moved.abs().max()) < 1e-5
     # the runs at 1e-4: six debug steps from a 1e-6 jitter end about one float32 ulp apart in
     # loss, which another summation order (threads, kernels) can round away
