@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import draw_figure, make_results
+from analysis.synthetic.capacity import CAPACITY_LOWER_BOUND, CAPACITY_TRAIN_N, LAW_TOLERANCE
 
 from analysis.plots.capacity import (law_baseline_table, law_errors, log_odds, recalled_n, rests_on_lower_bounds,
                                      stop_table)
@@ -26,7 +27,7 @@ def snr(tree):
 
 def test_points_from_runs_that_ended_at_max_steps_are_lower_bounds(capacity):
     proto = capacity.tables["capacity_protocol"].set_index(["label", "num_pairs"])
-    label, n = make_results.CAPACITY_LOWER_BOUND
+    label, n = CAPACITY_LOWER_BOUND
     assert proto.loc[(label, n), "lower_bound"] and proto.loc[(label, n), "runs_at_max_steps"] == 5
     assert proto["lower_bound"].sum() == 1                     # every other point stopped on its plateau
     ranking = capacity.tables["capacity_ranking"]
@@ -37,7 +38,7 @@ def test_points_from_runs_that_ended_at_max_steps_are_lower_bounds(capacity):
 
 def test_a_break_point_resting_on_a_lower_bound_says_so(capacity):
     half = capacity.tables["capacity_n50"].set_index("label")
-    label, _ = make_results.CAPACITY_LOWER_BOUND
+    label, _ = CAPACITY_LOWER_BOUND
     # favor m=16 breaks near N = 10, between the training N 8 and 16: its 32 is past the first N below 50%
     assert not half.loc[label, "n50_lower_bound"] and not half.loc["elu", "n50_lower_bound"]
     assert rests_on_lower_bounds([8, 16, 32], [False, False, True], 20.0)
@@ -48,7 +49,7 @@ def test_a_break_point_resting_on_a_lower_bound_says_so(capacity):
 def test_schlags_criterion_beside_n_at_half(capacity):
     half = capacity.tables["capacity_n50"].set_index("label")
     assert (half["recall_threshold"] == 0.9).all()
-    assert half.loc["softmax", "n_recalled"] == max(make_results.CAPACITY_TRAIN_N)  # 0.99 at every N
+    assert half.loc["softmax", "n_recalled"] == max(CAPACITY_TRAIN_N)  # 0.99 at every N
     assert (half["n_recalled"].dropna() <= half["n50_per_n"].dropna().reindex(half["n_recalled"].dropna().index)).all()
     assert recalled_n([2, 4, 8, 16], [1.0, 0.95, 0.8, 0.92]) == 4       # the first failure ends it
     assert math.isnan(recalled_n([2, 4], [0.5, 0.4]))
@@ -86,7 +87,7 @@ def test_the_law_against_its_baselines_with_softmax_apart(capacity, snr):
     mean = versus.loc["mean (softmax apart)"]
     counted = versus[versus["counted_in_mean"] & (versus.index != "mean (softmax apart)")]
     assert mean["err_law_logodds"] == pytest.approx(counted["err_law_logodds"].mean())
-    assert (versus["tolerance_logodds"] == make_results.LAW_TOLERANCE).all()   # from the runs' config
+    assert (versus["tolerance_logodds"] == LAW_TOLERANCE).all()   # from the runs' config
     table = snr.tables["snr_out_of_sample"]
     assert {"nominal_mean", "anchored_mean", "err_law_logodds", "err_anchored_acc"} <= set(table.columns)
     assert "snr_law_baseline" in snr.tables

@@ -7,6 +7,8 @@ import math
 
 import pytest
 from conftest import make_results
+from analysis.synthetic.capacity import CAPACITY_KEY_N, CAPACITY_NARROW_N
+from analysis.synthetic.law import CAPACITY_LENGTHS
 
 from analysis.loader import load_all
 from analysis.plots.capacity import BREAK_FRACTION, break_n, capacity_figure
@@ -49,7 +51,7 @@ def test_the_exponent_and_ratio_tell_the_law_from_a_faster_growth(tables):
 
 def test_softmax_is_the_control_at_every_n_of_the_narrow_width(tables):
     control = tables["capacity_control"].set_index("num_pairs")
-    assert sorted(control.index) == list(make_results.CAPACITY_NARROW_N)
+    assert sorted(control.index) == list(CAPACITY_NARROW_N)
     assert control.loc[24, "below_ceiling"] and not control.loc[16, "below_ceiling"]
 
 
@@ -70,7 +72,7 @@ def test_the_preregistered_predictions_get_their_verdict_whichever_way_it_falls(
     assert (points.loc[points["part"] == "key_width", "n"] == 5).all()
     length = points[points["part"] == "length"].iloc[0]
     assert length["n"] == 0 and length["verdict"] == "" and "length" not in set(summary["part"])
-    assert summary["settings"].eq(2 * (len(make_results.CAPACITY_KEY_N) - 1)).all()  # N = 2 is not discriminating
+    assert summary["settings"].eq(2 * (len(CAPACITY_KEY_N) - 1)).all()  # N = 2 is not discriminating
 
 
 def test_the_length_law_is_judged_on_the_lengths_it_was_written_for(tmp_path_factory):
@@ -79,6 +81,6 @@ def test_the_length_law_is_judged_on_the_lengths_it_was_written_for(tmp_path_fac
     root = make_results.write_results_tree(tmp_path_factory.mktemp("length"), experiments=("capacity_length",))
     tab = law_figure(load_all(root / "capacity_length")).tables["law_predictions"]
     points = tab[tab["row"] == "setting"].set_index("seq_len")
-    assert list(points.index) == list(make_results.CAPACITY_LENGTHS) and (points["n"] == 5).all()
+    assert list(points.index) == list(CAPACITY_LENGTHS) and (points["n"] == 5).all()
     summary = tab[tab["row"] == "summary"].iloc[0]
     assert summary["part"] == "length" and summary["verdict"] == "law" and summary["settings"] == 4

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import pkgutil
 
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ from conftest import make_results
 
 from analysis import figures
 from analysis.plots.palette import FAMILY_SWATCHES, mixer_colors, reading_order
+from analysis.synthetic.mqar import MQAR_SETTINGS
 
 DPI = 100
 TEXT_TOLERANCE = 1.0     # px each box may reach into another
@@ -49,9 +51,10 @@ def drawn_record(tree, tmp_path_factory):
     trees are the shared synthetic one and one where every built-in mixer runs in every sweep
     (MQAR at one setting, the quick profile's narrowest figure)."""
     with pytest.MonkeyPatch.context() as patch:
-        for name in CROWDED:
-            patch.setattr(make_results, f"{name}_runs", _crowd(getattr(make_results, f"{name}_runs")))
-        patch.setattr(make_results, "MQAR_SETTINGS", make_results.MQAR_SETTINGS[:1])  # as the quick profile runs it
+        for name in CROWDED:  # each figure's synthetic runs (analysis.synthetic.<module>.<name>_runs)
+            maker = f"analysis.synthetic.{name}.{name}_runs"
+            patch.setattr(maker, _crowd(pkgutil.resolve_name(maker)))
+        patch.setattr("analysis.synthetic.mqar.MQAR_SETTINGS", MQAR_SETTINGS[:1])  # as the quick profile runs it
         crowded = make_results.write_results_tree(tmp_path_factory.mktemp("every_mixer"))
     out = {}
     for which, root in zip(TREES, (tree, crowded)):

@@ -12,6 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import make_results
+from analysis.synthetic.capacity import CAPACITY, CAPACITY_REFERENCE_N, CAPACITY_TEST_N, CAPACITY_TRAIN_N
+from analysis.synthetic.hybrid import HYBRID_LOWER_BOUND, HYBRID_ONE, HYBRID_PURE
+from analysis.synthetic.sharpness import SHARPNESS_MAX_STEPS
 from matplotlib.figure import Figure
 
 from analysis import figures, pipeline, stats
@@ -151,10 +154,10 @@ def test_capacity_follows_schlags_protocol_and_extrapolates_from_the_reference_n
                           "deltanet delta"]                                       # the failed mamba run is left out
     from analysis.plots.common import label_styles
 
-    colors, _ = label_styles(pd.DataFrame({"model": [make_results.CAPACITY[lab][0] for lab in labels[:8]],
+    colors, _ = label_styles(pd.DataFrame({"model": [CAPACITY[lab][0] for lab in labels[:8]],
                                            "label": labels[:8]}))
     # each mixer's curve sits a small step along x from the others' (common.DODGE): by a common factor
-    for ax, n in ((protocol, make_results.CAPACITY_TRAIN_N), (extrapolation, make_results.CAPACITY_TEST_N)):
+    for ax, n in ((protocol, CAPACITY_TRAIN_N), (extrapolation, CAPACITY_TEST_N)):
         shift = _lines(ax, colors["elu"])[0].get_xdata() / np.asarray(n, float)
         assert np.allclose(shift, shift[0]) and abs(np.log(shift[0])) < 0.2
     assert _lines(extrapolation, colors["elu"], "--"), "the out-of-sample prediction"
@@ -169,13 +172,13 @@ def test_capacity_n50_measured_and_predicted_out_of_sample(drawn):
     half = drawn["capacity"].tables["capacity_n50"].set_index("label")
     # the protocol's break point is the fixture's (f(N / cap) = 0.5 at N = cap), up to the seeds' jitter
     for label in ("elu", "favor m=16", "dpfp ν=1", "deltanet additive"):
-        assert half.loc[label, "n50_per_n"] == pytest.approx(make_results.CAPACITY[label][2], rel=0.05), label
+        assert half.loc[label, "n50_per_n"] == pytest.approx(CAPACITY[label][2], rel=0.05), label
         # the fixture's out-of-sample law predicts half of what the runs hold below their training N
         assert half.loc[label, "ratio_predicted_to_extrapolation"] == pytest.approx(0.5, abs=0.05), label
     assert half.loc["softmax", "n50_per_n"] == np.inf and half.loc["softmax", "interval_method"].startswith("none")
-    assert (half["reference_n"] == make_results.CAPACITY_REFERENCE_N).all() and (half["n"] == 5).all()
+    assert (half["reference_n"] == CAPACITY_REFERENCE_N).all() and (half["n"] == 5).all()
     assert half.loc["elu", "low"] < half.loc["elu", "mean"] < half.loc["elu", "high"]
-    assert half.loc["favor m=64", "state_elements_per_layer"] == make_results.CAPACITY["favor m=64"][4]
+    assert half.loc["favor m=64", "state_elements_per_layer"] == CAPACITY["favor m=64"][4]
     assert {"n50_extrapolation", "n50_predicted", "ratio_predicted_to_per_n", "params"} <= set(half.columns)
 
 
@@ -363,7 +366,7 @@ def test_learning_curves_and_the_steps_to_09(drawn):
     assert steps.loc[("task recall", "linear"), "mean"] == "never for 5 of 5 seeds"
     assert (steps.loc[("task recall", "linear"), [f"seed_{s}" for s in range(5)]] == "never").all()
     # seeds 0-2 stopped on their plateau: fewer steps than max_steps, and said so
-    assert steps.loc[("task recall", "softmax"), "steps_trained_0"] < make_results.SHARPNESS_MAX_STEPS
+    assert steps.loc[("task recall", "softmax"), "steps_trained_0"] < SHARPNESS_MAX_STEPS
     assert "plateau x3" in steps.loc[("task recall", "softmax"), "stop_reasons"]
     assert "stopped: plateau" in [t.get_text() for t in fig.legends[0].get_texts()]
 
@@ -640,7 +643,7 @@ def test_the_hybrid_figure_reads_recall_at_the_training_mixtures_largest_n():
 def test_the_hybrid_tables_carry_lower_bounds_the_retrieval_layer_and_the_summary(drawn):
     tables = drawn["hybrid"].tables
     points = tables["hybrid"].set_index(["recurrent", "pattern"])
-    recurrent, pattern, _ = make_results.HYBRID_LOWER_BOUND
+    recurrent, pattern, _ = HYBRID_LOWER_BOUND
     assert points.loc[(recurrent, pattern), "runs_at_max_steps"] == 1 and points.loc[(recurrent, pattern), "lower_bound"]
     assert points["runs_at_max_steps"].sum() == 1
     assert (points["n"] == 5).all()
@@ -650,7 +653,7 @@ def test_the_hybrid_tables_carry_lower_bounds_the_retrieval_layer_and_the_summar
     assert gdn.loc["2@1,3", "retrieval_layer_runs"] == "1,1,1,1,1" and points.loc[("elu", "1@2"), "retrieval_layer"] != 0
     summary = tables["hybrid_summary"].set_index(["recurrent", "quantity"])
     one = summary.loc[("gated_deltanet", "recall(1@any) - recall(none)")]
-    expected = np.mean(make_results.HYBRID_ONE) - make_results.HYBRID_PURE["gated_deltanet"]
+    expected = np.mean(HYBRID_ONE) - HYBRID_PURE["gated_deltanet"]
     assert one["value"] == pytest.approx(expected, abs=0.05) and one["low"] < one["value"] < one["high"]
     assert one["interval_method"] == stats.DIFFERENCE
     rho = summary.loc[("elu", "spearman(recall, attention share)")]

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from omegaconf import OmegaConf
 from conftest import make_results
+from analysis.synthetic.lr_window import WINDOW_CURVES, WINDOW_RATES
 
 from analysis import archive, figures, pipeline, smoke, times
 from analysis.loader import find_results, load_results
@@ -63,10 +64,10 @@ def test_each_sweeps_time_is_summed_from_its_runs(tmp_path, capsys):
     root = tmp_path / "findings"
     make_results.write_results_tree(root, ["lr_window", "reassignment"])
     table = times.sweep_times(root).set_index("sweep")
-    runs = len(make_results.WINDOW_CURVES) * len(make_results.WINDOW_RATES) * 5
-    per_run = [10.0 * layers for (_, layers) in make_results.WINDOW_CURVES]
+    runs = len(WINDOW_CURVES) * len(WINDOW_RATES) * 5
+    per_run = [10.0 * layers for (_, layers) in WINDOW_CURVES]
     assert table.loc["lr_window", "runs"] == runs
-    assert table.loc["lr_window", "wall_s"] == pytest.approx(sum(per_run) * len(make_results.WINDOW_RATES) * 5)
+    assert table.loc["lr_window", "wall_s"] == pytest.approx(sum(per_run) * len(WINDOW_RATES) * 5)
     assert table.loc["all", "wall_s"] == table.loc["lr_window", "wall_s"]  # the re-assignment fixture has no times
     assert table.loc["lr_window", "minutes_at_parallel"] == pytest.approx(table.loc["lr_window", "wall_s"] / 120)
     assert times.main([str(root)]) == 0

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import make_results
+from analysis.synthetic.anatomy import ANATOMY_PATH, ablate_rows
 
 from harness.hooks import capture, intervene
 from harness.layers.parts import merge_heads
@@ -174,7 +175,7 @@ def test_path_patching_matches_the_float64_oracle_and_a_dead_end_restores_nothin
 # --- the criteria ---------------------------------------------------------------------------
 
 def _frame(roles: dict, seed: int = 0, run: str = "r0") -> pd.DataFrame:
-    rows = make_results.ablate_rows(roles, np.random.default_rng(seed))
+    rows = ablate_rows(roles, np.random.default_rng(seed))
     return pd.DataFrame(rows).assign(run_dir=run)
 
 
@@ -189,7 +190,7 @@ def test_the_criteria_name_exactly_the_heads_built_to_gather_and_aggregate():
     picked = candidates(heads, path_numbers(rows)).set_index("run_dir")
     assert picked.loc["r0", "ga"] and (picked.loc["r0", "G_layer"], picked.loc["r0", "G_head"]) == (0, 3)
     assert not picked.loc["r1", "ga"] and np.isnan(picked.loc["r1", "G_layer"])
-    assert picked.loc["r0", "G_path"] == pytest.approx(make_results.ANATOMY_PATH, abs=0.05)
+    assert picked.loc["r0", "G_path"] == pytest.approx(ANATOMY_PATH, abs=0.05)
     strict = roles(head_numbers(rows), path_numbers(rows), Criteria(necessity=0.95))
     assert not strict["is_A"].any()  # 0.9 of the way to chance is not 0.95
 

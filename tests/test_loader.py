@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import make_results
+from analysis.synthetic.capacity import CAPACITY, CAPACITY_TEST_N
 
 from analysis.loader import NoResultsError, find_results, load_all, load_results, results_root
 
@@ -16,7 +17,7 @@ def cases(tmp_path_factory) -> dict[str, Path]:
     return make_results.write_loader_cases(tmp_path_factory.mktemp("cases"))
 
 
-CAPACITY_RUNS = len(make_results.CAPACITY) * 4 * 5  # labels x (training N, the reference one at 2 lrs) x seeds
+CAPACITY_RUNS = len(CAPACITY) * 4 * 5  # labels x (training N, the reference one at 2 lrs) x seeds
 
 
 def test_multirun_gives_one_row_per_run_in_job_order(tree):
@@ -52,7 +53,7 @@ def test_metrics_jsonl_is_the_metrics_table(tree, tmp_path):
 
 def test_slices_rows_carry_their_run(tree):
     slices = load_results(tree / "capacity", "slices")
-    assert len(slices) == CAPACITY_RUNS * len(make_results.CAPACITY_TEST_N)  # the failed run has no slices
+    assert len(slices) == CAPACITY_RUNS * len(CAPACITY_TEST_N)  # the failed run has no slices
     wanted = {"run_dir", "model", "slice", "value", "accuracy", "config.seed", "summary.d_key"}
     assert wanted <= set(slices.columns)
     first = json.loads((tree / "capacity" / "0" / "results.json").read_text())

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import draw_figure, make_results
+from analysis.synthetic.lr_window import WINDOW_CURVES, WINDOW_RATES
 
 from analysis import pipeline, windows
 from analysis.plots import figures
@@ -58,7 +59,7 @@ def test_each_mixer_and_depth_has_its_window_and_interval(drawn):
     assert math.isnan(none["width_decades"]) and none["best_mean"] < windows.LEARNED
     assert table.loc[("mamba", 1), "runs_at_max_steps"] == 5 and table.loc[("mamba", 1), "lower_bound"]
     points = drawn.tables["lr_window_points"]
-    assert len(points) == len(make_results.WINDOW_CURVES) * len(make_results.WINDOW_RATES)
+    assert len(points) == len(WINDOW_CURVES) * len(WINDOW_RATES)
     assert (points["n"] == 5).all() and {"runs_at_max_steps", "lower_bound", "lr"} <= set(points.columns)
     assert "0.9 of its best" in drawn.caption and "max_steps" in drawn.caption
 

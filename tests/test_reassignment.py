@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import draw_figure, make_results
+from analysis.synthetic.forgetting import REASSIGNMENT_GAIN, REASSIGNMENT_LR, STALE_SHARE
 
 from analysis import stats
 from analysis.plots.forgetting import OVERWRITTEN, UNTOUCHED
@@ -27,7 +28,7 @@ def quantity(drawn, model: str, name: str):
 
 def test_the_interaction_separates_replacing_from_a_gain_everywhere(drawn):
     gain = quantity(drawn, "deltanet", f"gain (delta - additive), {OVERWRITTEN}")
-    assert gain["mean"] == pytest.approx(make_results.REASSIGNMENT_GAIN, abs=0.03) and gain["n"] == 5
+    assert gain["mean"] == pytest.approx(REASSIGNMENT_GAIN, abs=0.03) and gain["n"] == 5
     assert 0 < gain["low"] < gain["mean"] < gain["high"]
     untouched = quantity(drawn, "deltanet", f"gain (delta - additive), {UNTOUCHED}")
     assert untouched["mean"] == pytest.approx(0.0, abs=0.03) and untouched["low"] < 0 < untouched["high"]
@@ -40,11 +41,11 @@ def test_the_interaction_separates_replacing_from_a_gain_everywhere(drawn):
 
 def test_the_stale_share_of_the_controls_errors_and_each_rules_own_rate(drawn):
     stale = quantity(drawn, "deltanet", "stale share of the additive rule's errors on overwritten keys")
-    assert stale["mean"] == pytest.approx(make_results.STALE_SHARE["additive"], abs=0.02) and stale["n"] == 5
+    assert stale["mean"] == pytest.approx(STALE_SHARE["additive"], abs=0.02) and stale["n"] == 5
     own = quantity(drawn, "deltanet", "stale share of the delta rule's errors on overwritten keys")
     assert own["mean"] == pytest.approx(0.0)
-    assert float(stale["lr_delta"]) == make_results.REASSIGNMENT_LR["delta"]
-    assert float(stale["lr_additive"]) == make_results.REASSIGNMENT_LR["additive"]
+    assert float(stale["lr_delta"]) == REASSIGNMENT_LR["delta"]
+    assert float(stale["lr_additive"]) == REASSIGNMENT_LR["additive"]
     assert stale["rates"] == "set per mixer before the sweep, not chosen"
     assert "set per mixer before the sweep" in drawn.caption
 

@@ -32,7 +32,8 @@ class FigureSpec:
     notebook: str | None = None   # analysis/<notebook>.py, the notebook that draws it
     tables: tuple[str, ...] = ()  # the CSVs it writes beside it (the figure's ``fig.tables``)
     # the runs its tests draw it from, declared beside it: (rng) -> results.json payloads
-    # (analysis.synthetic.result); the built-in figures' are in tests/fixtures/make_results.py
+    # (analysis.synthetic.result), or its name in the module, or its dotted path (the built-in
+    # figures' are in analysis/synthetic/, one module per figure module)
     synthetic: Callable | str | None = None
 
     @property
@@ -50,20 +51,31 @@ def figures() -> tuple[FigureSpec, ...]:
         for spec in getattr(module, "FIGURES", ()):
             draw = spec.draw
             if isinstance(draw, str):
-                if not callable(getattr(module, draw, None)):
-                    raise ValueError(f"{module.__name__}: figure {spec.name!r} names no function {draw!r}")
-                draw = getattr(module, draw)
+                draw = _function(module, spec.name, draw)
             synthetic = spec.synthetic
             if isinstance(synthetic, str):
-                if not callable(getattr(module, synthetic, None)):
-                    raise ValueError(f"{module.__name__}: figure {spec.name!r} names no function {synthetic!r}")
-                synthetic = getattr(module, synthetic)
+                synthetic = _function(module, spec.name, synthetic)
             specs.append(replace(spec, draw=draw, synthetic=synthetic))
     names = [s.name for s in specs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"figure name(s) declared twice: {', '.join(twice)}")
     return tuple(specs)
+
+
+def _function(module, figure: str, name: str) -> Callable:
+    """A declaration's function: `name` in the figure's module, or a dotted path (imported
+    here, when the figures are listed); ValueError naming the figure where there is none."""
+    if "." in name:
+        try:
+            found = pkgutil.resolve_name(name)
+        except (ImportError, AttributeError, ValueError):
+            found = None
+    else:
+        found = getattr(module, name, None)
+    if not callable(found):
+        raise ValueError(f"{module.__name__}: figure {figure!r} names no function {name!r}")
+    return found
 
 
 def notebooks() -> list[str]:

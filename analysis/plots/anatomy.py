@@ -35,7 +35,8 @@ from analysis.plots.common import (MissingData, caption, draw_bars, figure, lege
 FIGURES = (
     FigureSpec("anatomy", "anatomy", "anatomy_figure", reopens_runs=True, stored_by="trainer.ablate",
                notebook="nb_anatomy",
-               tables=("anatomy", "anatomy_roles", "anatomy_heads")),
+               tables=("anatomy", "anatomy_roles", "anatomy_heads"),
+               synthetic="analysis.synthetic.anatomy.anatomy_runs"),
 )
 
 CONV = "config.model.short_conv"

@@ -60,7 +60,8 @@ FIGURES = (
     FigureSpec("capacity", "capacity", "capacity_figure", also=("capacity_narrow",), notebook="nb_capacity",
                tables=("capacity_per_lr", "capacity_n50", "capacity_schlag", "capacity_protocol",
                        "capacity_extrapolation", "capacity_families", "capacity_stops", "capacity_law_baseline",
-                       "capacity_ranking", "capacity_control")),
+                       "capacity_ranking", "capacity_control"),
+               synthetic="analysis.synthetic.capacity.capacity_runs"),
 )
 
 TRAIN_N = "config.task.num_pairs"

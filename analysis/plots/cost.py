@@ -20,7 +20,8 @@ from analysis.plots.reference import STATE_CURVE_MIXERS, favor_features, state_s
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("state_vs_kv", None, "state_figure", notebook="nb_cost"),
-    FigureSpec("cost", "cost", "cost_figure", notebook="nb_cost"),
+    FigureSpec("cost", "cost", "cost_figure", notebook="nb_cost",
+               synthetic="analysis.synthetic.cost.cost_runs"),
 )
 
 PASS_LABELS = {"fwd": "forward", "fwdbwd": "forward + backward"}

@@ -38,10 +38,12 @@ from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_est
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("forgetting", "forgetting", "forgetting_figure", notebook="nb_forgetting",
-               tables=("forgetting", "forgetting_by_age", "forgetting_gap")),
+               tables=("forgetting", "forgetting_by_age", "forgetting_gap"),
+               synthetic="analysis.synthetic.forgetting.forgetting_runs"),
     # the delta rule against its additive control where Schlag et al. measured it (re-assignment)
     FigureSpec("reassignment", "reassignment", "reassignment_figure", notebook="nb_reassignment",
-               tables=("reassignment", "reassignment_points")),
+               tables=("reassignment", "reassignment_points"),
+               synthetic="analysis.synthetic.forgetting.reassignment_runs"),
 )
 
 KIND = {0: "untouched (written once)", 1: "overwritten (latest of two)"}

@@ -31,7 +31,8 @@ from harness.devices import format_bytes
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("frontier", "frontier", "frontier_figure", notebook="nb_frontier",
-               tables=("frontier", "frontier_ranking", "frontier_largest")),
+               tables=("frontier", "frontier_ranking", "frontier_largest"),
+               synthetic="analysis.synthetic.frontier.frontier_runs"),
 )
 
 WIDTH, QK, LAYERS = "config.model.d_model", "config.model.qk_dim", "config.model.n_layers"

@@ -42,7 +42,8 @@ from harness.model import stack_slots
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("hybrid", "hybrid", "hybrid_figure", notebook="nb_hybrid",
-               tables=("hybrid", "hybrid_memory", "hybrid_summary")),
+               tables=("hybrid", "hybrid_memory", "hybrid_summary"),
+               synthetic="analysis.synthetic.hybrid.hybrid_runs"),
 )
 
 ACCURACY, MEMORY = "summary.accuracy", "summary.state_bytes"

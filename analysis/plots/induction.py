@@ -21,7 +21,8 @@ from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_est
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("induction", "induction", "induction_figure", notebook="nb_induction",
-               tables=("induction_per_lr", "induction", "induction_by_distance", "induction_ranking")),
+               tables=("induction_per_lr", "induction", "induction_by_distance", "induction_ranking"),
+               synthetic="analysis.synthetic.induction.induction_runs"),
 )
 
 

@@ -35,7 +35,8 @@ from analysis.plots.common import (MissingData, caption, figure, log2_axis, new_
 FIGURES = (
     # the findings profile's: its length sweep is its own; the other key widths are capacity runs
     FigureSpec("law", "capacity_length", "law_figure", also=("capacity",), notebook="nb_law",
-               tables=("law_predictions",)),
+               tables=("law_predictions",),
+               synthetic="analysis.synthetic.law.capacity_length_runs"),
 )
 
 PREDICTIONS = "config.analysis.law_predictions"

@@ -26,7 +26,8 @@ from analysis.plots.reference import length_accuracy_curve
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
-    FigureSpec("length", "length", "length_figure", notebook="nb_length", tables=("length",)),
+    FigureSpec("length", "length", "length_figure", notebook="nb_length", tables=("length",),
+               synthetic="analysis.synthetic.length.length_runs"),
 )
 
 TRAIN_LEN, FILLER = "config.task.seq_len", "config.task.filler"

@@ -25,7 +25,8 @@ from analysis.plots.common import (MissingData, caption, draw_estimates, figure,
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("lr_window", "lr_window", "lr_window_figure", notebook="nb_lr_window",
-               tables=("lr_window", "lr_window_points")),
+               tables=("lr_window", "lr_window_points"),
+               synthetic="analysis.synthetic.lr_window.lr_window_runs"),
 )
 
 ACCURACY = "summary.accuracy"

@@ -25,7 +25,8 @@ from analysis.plots.common import (SEED, WIDTH, caption, figure, label_order, la
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
-    FigureSpec("mechanism", "mechanism", "mechanism_figure", notebook="nb_mechanism", tables=("mechanism",)),
+    FigureSpec("mechanism", "mechanism", "mechanism_figure", notebook="nb_mechanism", tables=("mechanism",),
+               synthetic="analysis.synthetic.mechanism.mechanism_runs"),
 )
 
 CONV = "config.model.short_conv"

@@ -26,7 +26,8 @@ from analysis.plots.common import (LR, WIDTH, caption, draw_estimates, figure, l
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("mqar", "mqar", "mqar_figure", notebook="nb_mqar",
-               tables=("mqar_per_lr", "mqar_width_trend", "mqar_ranking")),
+               tables=("mqar_per_lr", "mqar_width_trend", "mqar_ranking"),
+               synthetic="analysis.synthetic.mqar.mqar_runs"),
 )
 
 POINT = ["label", WIDTH, "seq_len", "pairs"]

@@ -22,7 +22,8 @@ from analysis.plots.common import (caption, draw_estimates, figure, label_order,
 
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
-    FigureSpec("needle", "needle", "needle_figure", notebook="nb_needle", tables=("needle", "needle_by_length")),
+    FigureSpec("needle", "needle", "needle_figure", notebook="nb_needle", tables=("needle", "needle_by_length"),
+               synthetic="analysis.synthetic.needle.needle_runs"),
 )
 
 

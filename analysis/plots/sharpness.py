@@ -28,7 +28,8 @@ from analysis.plots.common import (LR, MissingData, caption, draw_bars, draw_est
 # What this module's figures need (analysis.plots.figures finds it; nothing else lists them).
 FIGURES = (
     FigureSpec("sharpness", "sharpness", "sharpness_figure", notebook="nb_sharpness",
-               tables=("sharpness_per_lr", "sharpness", "sharpness_ranking")),
+               tables=("sharpness_per_lr", "sharpness", "sharpness_ranking"),
+               synthetic="analysis.synthetic.sharpness.sharpness_runs"),
 )
 
 # (column, axis label), the first column present wins for each panel.

@@ -35,7 +35,8 @@ from analysis.plots.common import (MissingData, WIDTH, caption, figure, label_or
 FIGURES = (
     # the untrained probe (hollow) beside the trained runs of the capacity sweep (filled)
     FigureSpec("snr", "snr", "snr_figure", also=("capacity",), notebook="nb_snr",
-               tables=("snr_slopes", "snr_out_of_sample", "snr_law_baseline")),
+               tables=("snr_slopes", "snr_out_of_sample", "snr_law_baseline"),
+               synthetic="analysis.synthetic.snr.snr_runs"),
 )
 
 FILLED = {"untrained probe": False, "trained": True}
