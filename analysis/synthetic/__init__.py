@@ -6,7 +6,9 @@ tests/fixtures/make_results.py writes them as a sweep. The built-in figures' are
 module per figure module of analysis.plots, each declared on its figure by path
 (``synthetic="analysis.synthetic.mqar.mqar_runs"``). Keys of a payload that start with `_` are
 for the writer, not results.json: `_metrics` (metrics.jsonl's rows), `_model` (a model.pt
-beside it, for a figure that reopens the run).
+beside it, for a figure that reopens the run). Their numbers follow the theory loosely (accuracy
+falls past N = d, SNR ~ sqrt(d/N), time ~ n or n^2) and are deterministic, so tests can assert
+on them.
 """
 from __future__ import annotations
 

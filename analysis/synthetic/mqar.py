@@ -1,7 +1,5 @@
 """Synthetic runs of MQAR at Zoology's settings: the payloads its figure's tests draw it from
 (FigureSpec.synthetic).
-
-Numbers follow the theory loosely and are deterministic, so tests can assert on them.
 """
 from __future__ import annotations
 
