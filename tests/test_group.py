@@ -267,6 +267,17 @@ def test_the_bench_row_times_solo_and_grouped_steps_of_one_shape():
     assert "| tiny elu | 3 |" in format_table(rows)
 
 
+def test_the_bound_row_times_one_solo_run_at_the_groups_whole_batch():
+    from harness.bench.group import format_table, shape_rows
+
+    row, = shape_rows("tiny elu", ["model=elu", *SMALL], sizes=[2], steps=3, warmup=2, solo_runs=1, bound=True)
+    # a run's share of one solo step at batch 2 x batch: what the bound and the overhead divide by
+    assert row["solo_whole_batch_ms_per_run"] > 0
+    assert row["bound"] == pytest.approx(row["solo_ms_per_step"] / row["solo_whole_batch_ms_per_run"])
+    assert row["overhead"] == pytest.approx(row["grouped_ms_per_step_per_run"] / row["solo_whole_batch_ms_per_run"])
+    assert "| bound |" in format_table([row]) and f"{row['bound']:.2f}x" in format_table([row])
+
+
 class CumulativeMixer(torch.nn.Module):
     """An outside mixer of plain torch operators (unnormalised causal linear attention through a
     cumulative sum): vmap batches it."""

@@ -9,8 +9,12 @@ over `steps` steps after `warmup`; evaluation waits until after the last timed s
 end-of-run measurements and model.pt are off, as they are not training steps. With one torch
 thread, CPU seconds are what a run costs a core, whatever else the machine runs.
 
-`python -m harness.bench.group [--steps N] [--sizes 8,16] [--json PATH]` prints the table of
-SHAPES.
+With ``bound``, each row also times one solo run at the group's whole batch (G x batch): the
+arithmetic a group step cannot do with less, so G x solo / that is the most grouping can save at
+that shape on this machine, and grouped / that is what the group's own overhead costs.
+
+`python -m harness.bench.group [--steps N] [--sizes 8,16] [--bound] [--json PATH]` prints the
+table of SHAPES.
 """
 from __future__ import annotations
 
@@ -78,19 +82,28 @@ def grouped_seconds(plans: list, warmup: int) -> float:
 
 
 def shape_rows(name: str, overrides: Sequence[str], sizes: Sequence[int], *, steps: int = 30, warmup: int = 5,
-               solo_runs: int = 2) -> list[dict[str, Any]]:
+               solo_runs: int = 2, bound: bool = False) -> list[dict[str, Any]]:
     """The shape's rows, one per group size: CPU milliseconds per run and step, solo (the median of
-    `solo_runs` runs, measured once for every size) and in a group of that size."""
+    `solo_runs` runs, measured once for every size) and in a group of that size; with ``bound``,
+    a solo run at the group's whole batch too (module docstring)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-group-") as tmp:
         plans = shape_plans(overrides, max(sizes), warmup + steps, Path(tmp))
+        batch = plans[0].cfg.trainer.batch_size
         solo = median([solo_seconds(p, warmup) for p in plans[:solo_runs]])
         for size in sizes:
             grouped = grouped_seconds(plans[:size], warmup) / size
-            rows.append({"shape": name, "group_size": size, "batch_size": plans[0].cfg.trainer.batch_size,
-                         "train_len": plans[0].train_len, "solo_ms_per_step": solo * 1e3,
-                         "grouped_ms_per_step_per_run": grouped * 1e3, "speedup": solo / grouped,
-                         "steps": steps, "warmup": warmup, "solo_runs": solo_runs, "overrides": list(overrides)})
+            row = {"shape": name, "group_size": size, "batch_size": batch,
+                   "train_len": plans[0].train_len, "solo_ms_per_step": solo * 1e3,
+                   "grouped_ms_per_step_per_run": grouped * 1e3, "speedup": solo / grouped,
+                   "steps": steps, "warmup": warmup, "solo_runs": solo_runs, "overrides": list(overrides)}
+            if bound:
+                whole, = shape_plans([*overrides, f"trainer.batch_size={size * batch}"], 1, warmup + steps,
+                                     Path(tmp) / f"whole-{size}")
+                at_whole = solo_seconds(whole, warmup) / size  # per run's share of the batch
+                row.update(solo_whole_batch_ms_per_run=at_whole * 1e3, bound=solo / at_whole,
+                           overhead=grouped / at_whole)
+            rows.append(row)
     return rows
 
 
@@ -107,9 +120,16 @@ def group_table(shapes: dict[str, list[str]] | None = None, sizes: Sequence[int]
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = ["| shape | G | solo ms/step | grouped ms/step per run | solo / grouped |", "|---|---|---|---|---|"]
-    lines += [f"| {r['shape']} | {r['group_size']} | {r['solo_ms_per_step']:.2f} | "
-              f"{r['grouped_ms_per_step_per_run']:.2f} | {r['speedup']:.2f}x |" for r in rows]
+    bound = all("bound" in r for r in rows)
+    head = "| shape | G | solo ms/step | grouped ms/step per run | solo / grouped |"
+    lines = [head + (" solo at G x batch, ms per run | bound | grouped / that |" if bound else ""),
+             "|---|---|---|---|---|" + ("---|---|---|" if bound else "")]
+    for r in rows:
+        line = (f"| {r['shape']} | {r['group_size']} | {r['solo_ms_per_step']:.2f} | "
+                f"{r['grouped_ms_per_step_per_run']:.2f} | {r['speedup']:.2f}x |")
+        if bound:
+            line += f" {r['solo_whole_batch_ms_per_run']:.2f} | {r['bound']:.2f}x | {r['overhead']:.2f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -119,10 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--sizes", default="8,16", help="comma-separated group sizes")
     parser.add_argument("--shapes", default=None, help="comma-separated names of SHAPES (default: all)")
+    parser.add_argument("--bound", action="store_true",
+                        help="also time a solo run at the group's whole batch: what grouping can save at most")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     shapes = SHAPES if args.shapes is None else {k: SHAPES[k] for k in args.shapes.split(",")}
-    rows = group_table(shapes, [int(s) for s in args.sizes.split(",")], steps=args.steps, warmup=args.warmup)
+    rows = group_table(shapes, [int(s) for s in args.sizes.split(",")], steps=args.steps, warmup=args.warmup,
+                       bound=args.bound)
     print(format_table(rows))
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
