@@ -89,7 +89,7 @@ def shape_rows(name: str, overrides: Sequence[str], sizes: Sequence[int], *, ste
     rows = []
     with tempfile.TemporaryDirectory(prefix="harness-bench-group-") as tmp:
         plans = shape_plans(overrides, max(sizes), warmup + steps, Path(tmp))
-        batch = plans[0].cfg.trainer.batch_size
+        batch = plans[0].trainer.batch_size
         solo = median([solo_seconds(p, warmup) for p in plans[:solo_runs]])
         for size in sizes:
             grouped = grouped_seconds(plans[:size], warmup) / size

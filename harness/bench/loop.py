@@ -78,7 +78,7 @@ def time_train_loop(plan: RunPlan) -> float:
     stamps: list[float] = []
     with contextlib.redirect_stdout(io.StringIO()):  # train() reports its run
         train(plan, Path(plan.cfg.out_dir), on_step=lambda step: stamps.append(time.perf_counter()))
-    tr = plan.cfg.trainer
+    tr = plan.trainer
     skip = max(tr.data_chunk, min(tr.log_every, tr.max_steps // 4))  # first steps allocate and warm up
     steps, seconds = _window(stamps, tr.log_every, tr.data_chunk, plan.device, skip)
     return steps / seconds
@@ -89,7 +89,7 @@ def time_bare_loop(plan: RunPlan, steps: int, warmup: int = 3) -> float:
     from harness.tasks import label_positions
     from harness.train.optim import autocast_factory, build_optimizer, lm_loss
 
-    tr, device = plan.cfg.trainer, plan.device
+    tr, device = plan.trainer, plan.device
     batch = plan.module.make_batch(plan.tcfg, tr.batch_size, seed=0, device=device, split="train")
     positions, targets = label_positions(batch.targets)  # the head at the labels, as train() does
     torch.manual_seed(plan.cfg.seed)
@@ -126,7 +126,7 @@ def time_plain_loop(plan: RunPlan, steps: int) -> float:
     from harness.model import stack_of
     from harness.train.optim import autocast_factory, build_optimizer, lm_loss, lr_schedule, train_batches
 
-    cfg, tr, device = plan.cfg, plan.cfg.trainer, plan.device
+    cfg, tr, device = plan.cfg, plan.trainer, plan.device
     module, tcfg = plan.module, plan.tcfg
     mcfg = replace(plan.mcfg, short_conv=False)
     plain = replace(plan, mcfg=mcfg, stack=stack_of(mcfg), checked=False)  # validated as it is built
@@ -196,4 +196,4 @@ def loop_efficiency(overrides: list[str] | None = None, *, steps: int = 200, rou
     return {"efficiency": loop / bare, "loop_steps_per_s": loop, "bare_steps_per_s": bare,
             "loop_samples": loop_rates, "bare_samples": bare_rates, "steps": steps, "rounds": rounds,
             "overrides": overrides,
-            "model": plan.mcfg.name, "task": plan.cfg.task.name, "batch_size": plan.cfg.trainer.batch_size}
+            "model": plan.mcfg.name, "task": plan.cfg.task.name, "batch_size": plan.trainer.batch_size}

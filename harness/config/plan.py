@@ -12,10 +12,12 @@ weights (harness.outputs.load).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from harness.config.schema import TrainerConfig
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RunPlan:
     cfg: DictConfig                      # the composed config (written and logged as it is)
+    trainer: TrainerConfig               # cfg.trainer as plain typed values: what the loops read
     mcfg: ModelConfig
     stack: Stack                         # its layers' configs and mixer classes (harness.model.stack_of)
     module: Any                          # the task module (harness.tasks)
@@ -57,10 +60,20 @@ def _plan(cfg: DictConfig, mcfg: ModelConfig, stack: Stack, module: Any, tcfg: A
     from harness.config.digest import identify
     from harness.tasks import train_length
 
+    trainer = trainer_settings(cfg.trainer)
     flat, digest = identify(cfg)
-    return RunPlan(cfg=cfg, mcfg=mcfg, stack=stack, module=module, tcfg=tcfg, device=device,
+    return RunPlan(cfg=cfg, trainer=trainer, mcfg=mcfg, stack=stack, module=module, tcfg=tcfg, device=device,
                    max_len=module.max_seq_len(tcfg), train_len=train_length(module, tcfg),
                    flat=flat, digest=digest, **rest)
+
+
+def trainer_settings(node: DictConfig) -> TrainerConfig:
+    """The trainer section as a TrainerConfig of plain values (a read of it costs what an attribute
+    costs, not an OmegaConf lookup); keys a later harness dropped are left out, keys it added take
+    their defaults (a reopened run's saved config)."""
+    known = {f.name for f in fields(TrainerConfig)}
+    values = OmegaConf.to_container(node, resolve=True)
+    return TrainerConfig(**{k: v for k, v in values.items() if k in known})
 
 
 def prepare(cfg: DictConfig) -> RunPlan:

@@ -82,7 +82,7 @@ def _memory_bound(plan) -> int:
     from harness.devices import memory_limit
     from harness.train.memory import eval_bytes, shape_of, train_bytes
 
-    tr = plan.cfg.trainer
+    tr = plan.trainer
     shape = shape_of(plan.mcfg, plan.stack, plan.module, plan.tcfg, tr)
     per = train_bytes(shape.facts, shape.batch, shape.train_len, shape.data_chunk) + \
         eval_bytes(shape.facts, shape.eval_lens, plan.eval_tokens or tr.eval_tokens, shape.eval_examples)
@@ -149,10 +149,10 @@ def train_claimed(claims: list, sweep_dir: Path, stop=None) -> list[dict[str, An
     plans = [plan for plan, _ in claims]
     goes_on = not plans[0].cfg.sweep.fail_on_error
     try:
-        if plans[0].cfg.trainer.threads:
+        if plans[0].trainer.threads:
             import torch
 
-            torch.set_num_threads(plans[0].cfg.trainer.threads)
+            torch.set_num_threads(plans[0].trainer.threads)
         if len(claims) == 1:
             plan, run = claims[0]
             return [_run_claimed(plan, run, goes_on, None, base_results(plan.cfg, plan.flat, plan.digest))]

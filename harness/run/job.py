@@ -142,10 +142,10 @@ def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exce
     try:
         if failure is not None:
             raise failure
-        if plan.cfg.trainer.threads:  # e.g. 1 per run when a launcher runs one run per core
+        if plan.trainer.threads:  # e.g. 1 per run when a launcher runs one run per core
             import torch
 
-            torch.set_num_threads(plan.cfg.trainer.threads)
+            torch.set_num_threads(plan.trainer.threads)
         if plan.mode != "train":  # no step to finish and checkpoint: a stop signal ends it at once
             stop = StopRequest(at_once=f"mode={plan.mode}")
         return dispatch(plan, run)

@@ -95,7 +95,7 @@ def finish(r: Run, reason: str) -> dict[str, Any]:
     if r.bar is not None:  # a group's member has none (harness.train.group.runs)
         r.bar.close()
     r.watch.check()
-    loop, tr, model = r.loop, r.plan.cfg.trainer, r.model
+    loop, tr, model = r.loop, r.plan.trainer, r.model
     step, val_eval = loop.step, loop.last_eval
     if loop.eval_step != step:
         val_eval = evaluate(model, r.periodic, r.autocast, tokens=r.plan.eval_tokens)
@@ -145,7 +145,7 @@ def _measure_into(r: Run, summary: dict[str, Any]) -> None:
     its layout alone (harness.measure.out_of_sample), into the summary and results."""
     from harness.measure.trained_theory import add_out_of_sample
 
-    plan, tr = r.plan, r.plan.cfg.trainer
+    plan, tr = r.plan, r.plan.trainer
     measure_t0 = time.perf_counter()
     measured = _measure(r.model, r.eval_sets, tr.measure_examples, plan.train_len)
     summary.update(add_out_of_sample(r.results, r.model, plan.module, plan.tcfg, r.eval_sets,
@@ -167,7 +167,7 @@ def _intervene_into(r: Run, summary: dict[str, Any]) -> None:
 
     started = time.perf_counter()
     test = periodic_sets(r.eval_sets, r.plan.train_len)[0]
-    found = intervene(r.model, test.batch, seed=r.plan.cfg.seed, max_examples=r.plan.cfg.trainer.measure_examples)
+    found = intervene(r.model, test.batch, seed=r.plan.cfg.seed, max_examples=r.plan.trainer.measure_examples)
     r.results["intervene"] = found["rows"]
     r.results["mechanism"] = mechanism_label(found["rows"])
     r.results.setdefault("measure", {})["intervene"] = found["skipped"] or "ok"
@@ -194,7 +194,7 @@ def _save(r: Run, summary: dict[str, Any]) -> None:
     from harness.outputs import checkpoint
 
     cfg, results = r.plan.cfg, r.results
-    if cfg.trainer.checkpoint:
+    if r.plan.trainer.checkpoint:
         results["files"] = {checkpoint.MODEL_FILE: checkpoint.save_model(
             r.out_dir, {"model": r.model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True)})}
     write_json(r.out_dir / RESULTS_FILE, results)

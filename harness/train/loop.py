@@ -76,7 +76,7 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
     from harness.outputs.wandb_logger import make_logger
 
     started, t0, cpu_started = time.time(), time.perf_counter(), time.process_time()
-    cfg, tr, device = plan.cfg, plan.cfg.trainer, plan.device
+    cfg, tr, device = plan.cfg, plan.trainer, plan.device
     if plan.eval_tokens < tr.eval_tokens:
         print(f"[harness] evaluation in pieces of {plan.eval_tokens:,} tokens (trainer.eval_tokens="
               f"{tr.eval_tokens:,} at once would not fit)")
@@ -123,7 +123,7 @@ def steps(r: Run) -> str:
     """The step loop, from the run's step on, until trainer.max_steps or an early stop (evaluated
     every eval_every steps, checkpointed every ckpt_every): why it stopped (the summary's
     stop_reason)."""
-    tr = r.plan.cfg.trainer
+    tr = r.plan.trainer
     # the settings each step reads, as plain values: an OmegaConf read costs microseconds
     max_steps, log_every, eval_every, ckpt_every = tr.max_steps, tr.log_every, tr.eval_every, tr.ckpt_every
     grad_clip = float(tr.grad_clip)
@@ -168,7 +168,7 @@ def _log_loss(r: Run, step: int, log_every: int) -> None:
 def _evaluate_val(r: Run, step: int) -> str | None:
     """The validation evaluation of this step, written to metrics.jsonl and the logger; why the run
     stops after it (harness.train.state.stop_reason), or None."""
-    loop, tr = r.loop, r.plan.cfg.trainer
+    loop, tr = r.loop, r.plan.trainer
     r.watch.check()
     loop.last_eval = evaluate(r.model, r.periodic, r.autocast, tokens=r.plan.eval_tokens)
     loop.eval_step = step

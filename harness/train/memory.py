@@ -216,7 +216,7 @@ def check_training(cfg: DictConfig) -> int:
 def fitted(plan: RunPlan) -> RunPlan:
     """The training plan with the tokens per evaluation pass that fit on its device (ResourceError,
     one line, if its step or evaluation cannot fit)."""
-    tr = plan.cfg.trainer
+    tr = plan.trainer
     tokens = fit_training(shape_of(plan.mcfg, plan.stack, plan.module, plan.tcfg, tr), tr, plan.device)
     return replace(plan, eval_tokens=tokens)
 

@@ -87,8 +87,8 @@ def initial_model(plan: "RunPlan") -> torch.nn.Module:
     cfg = plan.cfg
     torch.manual_seed(cfg.seed)
     model = plan.build_model().to(plan.device)
-    if cfg.trainer.init_jitter:
-        jitter_weights(model, cfg.trainer.init_jitter, cfg.seed)
+    if plan.trainer.init_jitter:
+        jitter_weights(model, plan.trainer.init_jitter, cfg.seed)
     return model
 
 

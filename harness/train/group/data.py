@@ -23,7 +23,7 @@ class MemberBatches:
 
     def __init__(self, plans: dict[int, RunPlan], start: int = 0) -> None:
         self.streams: dict[int, Iterator] = {
-            i: train_batches(p.module, p.tcfg, p.cfg.trainer, p.cfg.seed, p.device, start=start)
+            i: train_batches(p.module, p.tcfg, p.trainer, p.cfg.seed, p.device, start=start)
             for i, p in plans.items()}
 
     def drop(self, member: int) -> None:

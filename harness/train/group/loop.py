@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from harness.config.plan import RunPlan
+from harness.config.schema import TrainerConfig
 from harness.model import LanguageModel
 from harness.train.evaluate import EvalSet, evaluate, make_eval_sets, periodic_sets
 from harness.train.group.data import MemberBatches
@@ -41,29 +42,6 @@ from harness.train.state import LoopState, stop_reason
 GROUP_FORMAT = 1  # of a group checkpoint
 
 
-@dataclass(frozen=True)
-class Settings:
-    """The trainer settings the group's loop reads every step, as plain values (an OmegaConf read
-    costs microseconds, and a group reads them for every member)."""
-    lr: float
-    grad_clip: float
-    weight_decay: float
-    log_every: int
-    eval_every: int
-    max_steps: int
-    min_delta: float
-    target_accuracy: Optional[float]
-    patience: Optional[int]
-    min_steps: int
-
-    @classmethod
-    def of(cls, tr) -> "Settings":
-        return cls(float(tr.lr), float(tr.grad_clip), float(tr.weight_decay), int(tr.log_every),
-                   int(tr.eval_every), int(tr.max_steps), float(tr.min_delta),
-                   None if tr.target_accuracy is None else float(tr.target_accuracy),
-                   None if tr.patience is None else int(tr.patience), int(tr.min_steps))
-
-
 @dataclass
 class Member:
     """One run of the group: its plan, its own model and evaluation sets, its loop state."""
@@ -72,7 +50,7 @@ class Member:
     model: LanguageModel                      # evaluated in place; holds its final weights at the end
     periodic: list[EvalSet]                   # its validation sets (harness.train.evaluate.periodic_sets)
     factor: Callable[[int], float]            # its learning-rate schedule (harness.train.optim.lr_schedule)
-    tr: Settings
+    tr: TrainerConfig                         # its trainer settings (the plan's, plain values)
     loop: LoopState = field(default_factory=LoopState)
     history: list[dict] = field(default_factory=list)      # validation rows, as metrics.jsonl holds them
     train_rows: list[dict] = field(default_factory=list)   # {"step", "train/loss", "train/lr"} every log_every
@@ -120,11 +98,11 @@ class Group:
 def _member(index: int, plan: RunPlan, dtype: Optional[torch.dtype]) -> Member:
     """A member as its solo run starts (harness.train.loop.start): the seed, its validation sets,
     its model."""
-    tr = plan.cfg.trainer
+    tr = plan.trainer
     torch.manual_seed(plan.cfg.seed)
     sets = make_eval_sets(plan.module, plan.tcfg, tr, plan.cfg.seed, plan.device, split="val")
     model = build_member(plan, dtype)
-    return Member(index, plan, model, periodic_sets(sets, plan.train_len), lr_schedule(tr), Settings.of(tr),
+    return Member(index, plan, model, periodic_sets(sets, plan.train_len), lr_schedule(tr), tr,
                   loop=LoopState(running=torch.zeros((), device=plan.device)))
 
 
@@ -149,7 +127,7 @@ def start_group(plans: Sequence[RunPlan], dtype: Optional[torch.dtype] = None,
     active = list(resume["active"]) if resume is not None else [m.index for m in members]
     stack = MemberStack([members[i].model for i in active])
     lead = members[active[0]]
-    tr = lead.plan.cfg.trainer
+    tr = lead.plan.trainer
     opt = GroupAdamW(stack.flat, decay_split(lead.model, tr, stack.slots), [members[i].tr.weight_decay for i in active],
                      **adamw_settings(lead.model, tr))
     step = int(resume["step"]) if resume is not None else 0
@@ -275,7 +253,7 @@ def _evaluate_member(g: Group, m: Member) -> Optional[str]:
     plateau state; why it stops after it, or None."""
     loop, tr, step = m.loop, m.tr, g.step
     g.stack.load_member(g.active.index(m.index), m.model)
-    tokens = m.plan.eval_tokens or m.plan.cfg.trainer.eval_tokens
+    tokens = m.plan.eval_tokens or m.plan.trainer.eval_tokens
     loop.last_eval = evaluate(m.model, m.periodic, g.autocast, tokens=tokens)
     loop.eval_step = step
     m.history.append({"step": step, "time_s": time.time() - g.started, "split": "val",

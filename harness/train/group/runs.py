@@ -67,7 +67,7 @@ def train_members(plans: Sequence[RunPlan], out_dirs: Sequence[Path], *, sweep_d
     path.parent.mkdir(parents=True, exist_ok=True)
     if saved is not None:
         print(f"[harness] group of {len(plans)}: resuming from {path} at step {saved['step']}")
-    every = ckpt_every if ckpt_every is not None else int(plans[0].cfg.trainer.ckpt_every or 0)
+    every = ckpt_every if ckpt_every is not None else int(plans[0].trainer.ckpt_every or 0)
     own = stop is None
     stop = StopRequest() if own else stop
     wall0, cpu0 = time.time(), time.process_time()
@@ -98,7 +98,7 @@ def finish_member(m: Member, out_dir: Path, group: dict[str, Any]) -> dict[str, 
     from harness.train.optim import autocast_factory
     from harness.train.state import Run, StepClock
 
-    plan, tr = m.plan, m.plan.cfg.trainer
+    plan, tr = m.plan, m.plan.trainer
     results = base_results(plan.cfg, plan.flat, plan.digest)
     results["group"] = group
     metrics = MetricsLog(out_dir / METRICS_FILE)

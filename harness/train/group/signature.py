@@ -42,9 +42,9 @@ def ungroupable(plan: RunPlan) -> Optional[str]:
     cfg, mcfg = plan.cfg, plan.mcfg
     if cfg.mode != "train":
         return f"mode={cfg.mode}: only training runs are grouped"
-    if cfg.trainer.resume:
+    if plan.trainer.resume:
         return "trainer.resume: a run resuming its own checkpoint trains alone"
-    if cfg.trainer.compile:
+    if plan.trainer.compile:
         return "trainer.compile=true: a group runs its members through vmap, not a compiled model"
     if mcfg.dropout > 0:
         return (f"model.dropout={mcfg.dropout}: dropout draws from one process-wide stream, so a member's "
