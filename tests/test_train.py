@@ -260,3 +260,20 @@ def test_progress_in_a_log_file_is_one_line_per_evaluation(tmp_path, capsys):
     lines = [line for line in out.splitlines() if line.startswith("[harness] step ")]
     assert [line.split(":")[0] for line in lines] == ["[harness] step 3/6", "[harness] step 6/6"]
     assert "\r" not in err and "it/s" not in err
+
+
+def test_the_plan_reads_the_trainer_section_as_typed_plain_values():
+    """RunPlan.trainer holds the resolved trainer settings; a saved config that lacks the section,
+    or a key, or holds one a later harness dropped, still gives one (its defaults fill in)."""
+    from omegaconf import OmegaConf
+
+    from harness.config.plan import prepare, trainer_settings
+    from harness.config.schema import TrainerConfig
+
+    plan = prepare(compose_config(["trainer=debug", "logger=none", "trainer.lr=0.02", "trainer.patience=3"]))
+    assert isinstance(plan.trainer, TrainerConfig)
+    assert plan.trainer.lr == 0.02 and plan.trainer.patience == 3
+    assert plan.trainer.max_steps == plan.cfg.trainer.max_steps
+    assert trainer_settings(None) == TrainerConfig()
+    old = trainer_settings(OmegaConf.create({"lr": 0.5, "a_key_since_dropped": 1}))
+    assert old.lr == 0.5 and old.batch_size == TrainerConfig().batch_size

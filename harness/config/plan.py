@@ -60,19 +60,20 @@ def _plan(cfg: DictConfig, mcfg: ModelConfig, stack: Stack, module: Any, tcfg: A
     from harness.config.digest import identify
     from harness.tasks import train_length
 
-    trainer = trainer_settings(cfg.trainer)
+    trainer = trainer_settings(cfg.get("trainer"))
     flat, digest = identify(cfg)
     return RunPlan(cfg=cfg, trainer=trainer, mcfg=mcfg, stack=stack, module=module, tcfg=tcfg, device=device,
                    max_len=module.max_seq_len(tcfg), train_len=train_length(module, tcfg),
                    flat=flat, digest=digest, **rest)
 
 
-def trainer_settings(node: DictConfig) -> TrainerConfig:
+def trainer_settings(node: DictConfig | None) -> TrainerConfig:
     """The trainer section as a TrainerConfig of plain values (a read of it costs what an attribute
     costs, not an OmegaConf lookup); keys a later harness dropped are left out, keys it added take
-    their defaults (a reopened run's saved config)."""
+    their defaults, and a saved config without the section (a reopened run's, for its model) gets
+    the defaults."""
     known = {f.name for f in fields(TrainerConfig)}
-    values = OmegaConf.to_container(node, resolve=True)
+    values = OmegaConf.to_container(node, resolve=True) if node is not None else {}
     return TrainerConfig(**{k: v for k, v in values.items() if k in known})
 
 
