@@ -178,3 +178,16 @@ def test_an_earlier_stop_in_the_process_is_not_the_next_runs():
         assert StopRequest.received() is None and not second.requested
     finally:
         second.restore()
+
+
+def test_every_mode_in_the_table_names_functions_that_import():
+    """MODES is the one list of modes: each names its run (and its ready, where it has one) by a
+    path that imports, and validation offers exactly its modes."""
+    from harness.config.schema import MODES
+    from harness.layers.registry import import_object
+
+    for name, mode in MODES.items():
+        assert callable(import_object(mode.run, f"mode={name}"))
+        assert mode.ready is None or callable(import_object(mode.ready, f"mode={name}"))
+    with pytest.raises(ValueError, match="unknown mode 'nope'; valid: " + ", ".join(MODES)):
+        compose_config([*QUICK, "mode=nope"])
