@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
-from analysis.synthetic import MIXTURE_OF, SEEDS, val_curve, linear_accuracy, result
+from analysis.synthetic import MIXTURE_OF, SEEDS, linear_accuracy, result, val_curve
 
 
 # Capacity (Schlag's protocol): one model per training N, every run tested at every N.

@@ -4,6 +4,7 @@ tests draw it from (FigureSpec.synthetic).
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from analysis.synthetic import SEEDS, result

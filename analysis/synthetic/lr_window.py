@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from analysis.synthetic import SEEDS, result
