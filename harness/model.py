@@ -35,15 +35,6 @@ def open_mapping():
     return OmegaConf.create({}, flags={"struct": False})
 
 
-def uses_learned_positions(cfg: "ModelConfig") -> bool:
-    """model.pos_emb, or the mixers' own default when null: learned absolute positions for a
-    mixer with no other position signal (softmax, as in GPT-2 and Zoology's attention baseline).
-    A hybrid gets them only when every slot wants them: its recurrent layers carry position (as
-    in Jamba, whose attention layers have no positional encoding), and learned positions would
-    bar it from the lengths past training that its long-context evaluation needs."""
-    return stack_of(cfg).learned_positions
-
-
 @dataclass(frozen=True)
 class Stack:
     """A model's layers as the build, validation, the memory estimate and grouping read them,
@@ -55,6 +46,12 @@ class Stack:
 
 
 def stack_of(cfg: "ModelConfig") -> Stack:
+    """cfg's stack. Learned positions: model.pos_emb, or the mixers' own default when null,
+    learned absolute positions for a mixer with no other position signal (softmax, as in GPT-2
+    and Zoology's attention baseline). A hybrid gets them only when every slot wants them: its
+    recurrent layers carry position (as in Jamba, whose attention layers have no positional
+    encoding), and learned positions would bar it from the lengths past training that its
+    long-context evaluation needs."""
     slots = tuple(layer_configs(cfg))
     mixers = tuple(registry.resolve(slot.name) for slot in slots)
     learned = (cfg.pos_emb == "learned" if cfg.pos_emb is not None

@@ -163,14 +163,13 @@ def resolved(cfg: DictConfig) -> dict:
 def _check_positions_extrapolate(mcfg: ModelConfig, stack: Stack, module, tcfg) -> None:
     """Learned absolute positions have no embedding past the training length: evaluating
     longer sequences is refused (rotary, or no positions with the short convolution, extrapolate)."""
-    from harness.model import stack_label
+    from harness.model import label
     from harness.tasks import train_length
 
     if not stack.learned_positions:
         return
     trained, longest = train_length(module, tcfg), module.max_seq_len(tcfg)
-    what = (f"the stack {stack_label([s.name for s in stack.slots])} (model.layers)" if is_hybrid(mcfg)
-            else f"model={mcfg.name}")
+    what = f"the stack {label(mcfg)} (model.layers)" if is_hybrid(mcfg) else f"model={mcfg.name}"
     checks.require(longest <= trained,
                    f"{what} has learned absolute positions, trained at length {trained}: "
                    f"they cannot be evaluated at length {longest} (task.test_seq_len); for length "
