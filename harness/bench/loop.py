@@ -123,13 +123,11 @@ def time_plain_loop(plan: RunPlan, steps: int) -> float:
     on its model with model.short_conv=false, no fault watch and no clipping."""
     from dataclasses import replace
 
-    from harness.model import stack_of
     from harness.train.optim import autocast_factory, build_optimizer, lm_loss, lr_schedule, train_batches
 
     cfg, tr, device = plan.cfg, plan.trainer, plan.device
     module, tcfg = plan.module, plan.tcfg
-    mcfg = replace(plan.mcfg, short_conv=False)
-    plain = replace(plan, mcfg=mcfg, stack=stack_of(mcfg), checked=False)  # validated as it is built
+    plain = replace(plan, mcfg=replace(plan.mcfg, short_conv=False), checked=False)  # validated as it is built
     torch.manual_seed(cfg.seed)
     model = plain.build_model().to(device)
     opt = build_optimizer(model, tr)

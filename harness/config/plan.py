@@ -13,6 +13,7 @@ weights (harness.outputs.load).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -28,9 +29,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RunPlan:
     cfg: DictConfig                      # the composed config (written and logged as it is)
-    trainer: TrainerConfig               # cfg.trainer as plain typed values: what the loops read
     mcfg: ModelConfig
-    stack: Stack                         # its layers' configs and mixer classes (harness.model.stack_of)
     module: Any                          # the task module (harness.tasks)
     tcfg: Any                            # its Config
     device: torch.device
@@ -47,6 +46,20 @@ class RunPlan:
     def mode(self) -> str:
         return self.cfg.mode
 
+    # Derived once from the fields on first read, never stored beside them: a plan made by
+    # dataclasses.replace with another config or model derives its own.
+    @cached_property
+    def trainer(self) -> TrainerConfig:
+        """cfg.trainer as plain typed values: what the loops read."""
+        return trainer_settings(self.cfg.get("trainer"))
+
+    @cached_property
+    def stack(self) -> Stack:
+        """The model's layers' configs and mixer classes (harness.model.stack_of)."""
+        from harness.model import stack_of
+
+        return stack_of(self.mcfg)
+
     def build_model(self) -> LanguageModel:
         """The model for the task: its vocabulary, and positions for its longest sequence."""
         from harness.model import LanguageModel
@@ -55,14 +68,13 @@ class RunPlan:
                              checked=self.checked)
 
 
-def _plan(cfg: DictConfig, mcfg: ModelConfig, stack: Stack, module: Any, tcfg: Any,
-          device: torch.device, **rest: Any) -> RunPlan:
+def _plan(cfg: DictConfig, mcfg: ModelConfig, module: Any, tcfg: Any, device: torch.device,
+          **rest: Any) -> RunPlan:
     from harness.config.digest import identify
     from harness.tasks import train_length
 
-    trainer = trainer_settings(cfg.get("trainer"))
     flat, digest = identify(cfg)
-    return RunPlan(cfg=cfg, trainer=trainer, mcfg=mcfg, stack=stack, module=module, tcfg=tcfg, device=device,
+    return RunPlan(cfg=cfg, mcfg=mcfg, module=module, tcfg=tcfg, device=device,
                    max_len=module.max_seq_len(tcfg), train_len=train_length(module, tcfg),
                    flat=flat, digest=digest, **rest)
 
@@ -82,16 +94,13 @@ def prepare(cfg: DictConfig) -> RunPlan:
     from harness.config import validate
 
     checked = validate.validate_config(cfg)
-    return _plan(cfg, checked.mcfg, checked.stack, checked.module, checked.tcfg, checked.device,
-                 core=checked.core)
+    return _plan(cfg, checked.mcfg, checked.module, checked.tcfg, checked.device, core=checked.core)
 
 
 def reopen(cfg: DictConfig, device: torch.device) -> RunPlan:
     """The plan of a finished run from its saved config, not validated again: it was when the run
     was made, and a later harness may have added keys (their defaults fill them)."""
     from harness.config.build import model_config, task_config
-    from harness.model import stack_of
 
     module, tcfg = task_config(cfg.task)
-    mcfg = model_config(cfg.model)
-    return _plan(cfg, mcfg, stack_of(mcfg), module, tcfg, device, checked=False)
+    return _plan(cfg, model_config(cfg.model), module, tcfg, device, checked=False)

@@ -179,11 +179,9 @@ def _check_positions_extrapolate(mcfg: ModelConfig, stack: Stack, module, tcfg) 
 
 @dataclasses.dataclass(frozen=True)
 class Checked:
-    """What validation built on its way, so that no one builds it again: the ModelConfig and its
-    stack (each layer's config and mixer class), the task module and its Config, the device, and
-    (mode=cost) the mixer's core and key dimension."""
+    """What validation built on its way, so that no one builds it again: the ModelConfig, the
+    task module and its Config, the device, and (mode=cost) the mixer's core and key dimension."""
     mcfg: ModelConfig
-    stack: Stack
     module: Any
     tcfg: Any
     device: Any
@@ -226,4 +224,4 @@ def _validate(c: dict, cfg: DictConfig) -> Checked:
         checks.require(getattr(stack.mixers[0], "probe_memory", None) is not None,
                        f"probe: model {mcfg.name!r} declares no probe_memory(d, seed) "
                        "(harness.layers.protocol), so the probe cannot write random pairs into it")
-    return Checked(mcfg, stack, module, tcfg, device, core)
+    return Checked(mcfg, module, tcfg, device, core)

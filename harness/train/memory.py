@@ -74,9 +74,11 @@ def param_count(mcfg: ModelConfig, vocab: int, max_len: int, learned_positions: 
 def model_facts(mcfg: ModelConfig, stack: Stack, vocab: int, max_len: int) -> ModelFacts:
     """The estimate's facts; a hybrid's are those of its costliest slot at the longest length
     (every layer is then counted as that one: an estimate that errs high, never low)."""
+    if not is_hybrid(mcfg):  # every layer is cfg: one layer's facts
+        return slot_facts(mcfg, stack.mixers[0], vocab, max_len, stack.learned_positions)
     options = [slot_facts(slot, cls, vocab, max_len, stack.learned_positions)
                for slot, cls in zip(stack.slots, stack.mixers)]
-    return max(options, key=lambda f: _block_elements(f, max_len, training=True)) if is_hybrid(mcfg) else options[0]
+    return max(options, key=lambda f: _block_elements(f, max_len, training=True))
 
 
 def slot_facts(mcfg: ModelConfig, cls: type, vocab: int, max_len: int, learned_positions: bool) -> ModelFacts:
