@@ -83,7 +83,7 @@ def test_jobs_that_cannot_share_a_shape_train_alone_with_the_reason_said(run_har
                        f"hydra.sweep.dir={tmp_path / 's'}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "grouped training: 2 of 4 jobs in 1 group(s) (sizes 2), 2 alone" in proc.stdout, proc.stdout[-2000:]
-    assert "model.d_model=64 is above hydra.launcher.group_max_width=32" in proc.stdout
+    assert "model.d_model=64 is above hydra.launcher.group_max_width=16" in proc.stdout
     runs = load_results(tmp_path / "s")
     assert len(runs) == 4 and (runs["status"] == "ok").all()
 

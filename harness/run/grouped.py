@@ -30,7 +30,7 @@ from omegaconf import DictConfig, open_dict
 
 
 def plan_units(config: DictConfig, config_loader, job_overrides: Sequence[Sequence[str]], n_jobs: int,
-               max_group: int = 16, group_max_width: Optional[int] = 32) -> tuple[list[list[int]], dict[int, str]]:
+               max_group: int = 16, group_max_width: Optional[int] = 16) -> tuple[list[list[int]], dict[int, str]]:
     """The sweep's jobs (by index) as units of work: groups of runs that train together, and jobs
     alone; with why each job is alone. Units keep the order of their first job."""
     from harness.config.plan import prepare

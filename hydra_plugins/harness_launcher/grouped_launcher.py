@@ -20,7 +20,7 @@ class GroupedLauncherConf(JobLibLauncherConf):
     _target_: str = "hydra_plugins.harness_launcher.grouped_launcher.GroupedLauncher"
     group: bool = True                       # train the jobs that share a shape as one batched model
     max_group: int = 16                      # members per group, at most (memory bounds it too)
-    group_max_width: Optional[int] = 32      # on a CPU, wider models train alone (null: no limit)
+    group_max_width: Optional[int] = 16      # on a CPU, wider models train alone (null: no limit)
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="grouped", node=GroupedLauncherConf,
@@ -28,7 +28,7 @@ ConfigStore.instance().store(group="hydra/launcher", name="grouped", node=Groupe
 
 
 class GroupedLauncher(JoblibLauncher):
-    def __init__(self, group: bool = True, max_group: int = 16, group_max_width: Optional[int] = 32,
+    def __init__(self, group: bool = True, max_group: int = 16, group_max_width: Optional[int] = 16,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.group, self.max_group, self.group_max_width = bool(group), int(max_group), group_max_width
