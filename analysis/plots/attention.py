@@ -56,9 +56,9 @@ class AttentionMap:
 
 
 def trained_runs(data: pd.DataFrame, models=None) -> pd.DataFrame:
-    """The best finished run (highest accuracy) of each model that kept its weights (model.pt);
-    ``models`` None: of each family's first mixer in reading order among those runs (softmax
-    attention beside one mixer of each other family, chosen by what the mixers are)."""
+    """The best finished run (highest accuracy, ties to the lowest seed) of each model that kept its
+    weights (model.pt); ``models`` None: of each family's first mixer in reading order among those
+    runs (softmax attention beside one mixer of each other family, chosen by what the mixers are)."""
     runs = require(table(data, "runs", primary=True), ["model", "run_dir", "summary.accuracy"],
                    "finished runs with run_dir and summary.accuracy")
     runs = runs[[Path(d, "model.pt").exists() for d in runs["run_dir"]]]
@@ -68,7 +68,11 @@ def trained_runs(data: pd.DataFrame, models=None) -> pd.DataFrame:
     if runs.empty:
         raise MissingData(f"no run of {', '.join(models) or 'any mixer'} with model.pt "
                           "(trainer.checkpoint=true keeps it)")
-    best = runs.sort_values("summary.accuracy", ascending=False).groupby("model", sort=False).head(1)
+    # ties (seeds at the same test accuracy are common near 1) go to the lowest seed, a stated rule
+    # rather than the order the results were read in
+    keys = ["summary.accuracy"] + (["config.seed"] if "config.seed" in runs else [])
+    best = runs.sort_values(keys, ascending=[False, True][:len(keys)], kind="stable")
+    best = best.groupby("model", sort=False).head(1)
     return best.set_index("model").loc[[m for m in mixer_order(best["model"])]].reset_index()
 
 
