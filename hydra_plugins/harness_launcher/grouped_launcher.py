@@ -28,8 +28,9 @@ ConfigStore.instance().store(group="hydra/launcher", name="grouped", node=Groupe
 
 
 class GroupedLauncher(JoblibLauncher):
-    def __init__(self, group: bool = True, max_group: int = 16, group_max_width: Optional[int] = 16,
-                 **kwargs: Any) -> None:
+    # the defaults are the config node's (Hydra passes the composed values; these serve a direct call)
+    def __init__(self, group: bool = GroupedLauncherConf.group, max_group: int = GroupedLauncherConf.max_group,
+                 group_max_width: Optional[int] = GroupedLauncherConf.group_max_width, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.group, self.max_group, self.group_max_width = bool(group), int(max_group), group_max_width
 
