@@ -28,9 +28,19 @@ from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, open_dict
 
+# The `processes` launcher's defaults (its config node, hydra_plugins/harness_launcher, reads
+# them from here). Members per group, at most (the memory estimate bounds it too):
+MAX_GROUP = 16
+# On a CPU a model wider than this trains alone: at d_model 16 a group of 16 costs about 2x less
+# per run than its runs alone, at 32 the step is arithmetic and grouping buys 1.03-1.19x (a
+# 4-layer hybrid 0.95-1.06x), which does not pay for rounding apart from the solo run
+# (docs/benchmarks.md). None groups every width (a GPU is never limited).
+GROUP_MAX_WIDTH: Optional[int] = 16
+
 
 def plan_units(config: DictConfig, config_loader, job_overrides: Sequence[Sequence[str]], n_jobs: int,
-               max_group: int = 16, group_max_width: Optional[int] = 16) -> tuple[list[list[int]], dict[int, str]]:
+               max_group: int = MAX_GROUP,
+               group_max_width: Optional[int] = GROUP_MAX_WIDTH) -> tuple[list[list[int]], dict[int, str]]:
     """The sweep's jobs (by index) as units of work: groups of runs that train together, and jobs
     alone; with why each job is alone. Units keep the order of their first job."""
     from harness.config.plan import prepare

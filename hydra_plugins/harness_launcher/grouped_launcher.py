@@ -15,12 +15,14 @@ from hydra_plugins.hydra_joblib_launcher._core import process_joblib_cfg
 from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
 from hydra_plugins.hydra_joblib_launcher.joblib_launcher import JoblibLauncher
 
+from harness.run.grouped import GROUP_MAX_WIDTH, MAX_GROUP
+
 @dataclass
 class GroupedLauncherConf(JobLibLauncherConf):
     _target_: str = "hydra_plugins.harness_launcher.grouped_launcher.GroupedLauncher"
     group: bool = True                       # train the jobs that share a shape as one batched model
-    max_group: int = 16                      # members per group, at most (memory bounds it too)
-    group_max_width: Optional[int] = 16      # on a CPU, wider models train alone (null: no limit)
+    max_group: int = MAX_GROUP               # members per group, at most (memory bounds it too)
+    group_max_width: Optional[int] = GROUP_MAX_WIDTH  # on a CPU, wider models train alone (null: no limit)
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="grouped", node=GroupedLauncherConf,
