@@ -8,7 +8,10 @@ runs, how many finished, the sum of their wall times (``summary.wall_time_s``: c
 results.json, the process's start and imports left out) and CPU times (``summary.cpu_time_s``),
 and the sweep's minutes at ``--parallel`` runs at a time (the profiles run two, one thread
 each): the summed wall time over that number. The budget line compares the total with a
-profile's budget (the findings profile's: 2.5 hours on 2 cores).
+profile's budget (the findings profile's: 2.5 hours on 2 cores), twice: by wall time, what the
+runs took where they ran, and by CPU time, what they would take on an idle machine with a core
+for each of the ``--parallel`` runs (one thread each). Wall above CPU is time a run waited for a
+core: the machine ran more than ``--parallel`` things at once.
 """
 from __future__ import annotations
 
@@ -62,8 +65,10 @@ def format_table(table: pd.DataFrame, parallel: int, budget_s: float | None) -> 
                      f"{r['cpu_s']:>9,.0f} {r['minutes_at_parallel']:>9.1f}  {r['stops']}")
     if budget_s is not None and len(table):
         used = table["wall_s"].iloc[-1] / parallel
+        idle = table["cpu_s"].iloc[-1] / parallel
         lines.append(f"budget: {used / 3600:.2f} h of {budget_s / 3600:.2f} h at {parallel} runs at a time "
-                     f"({used / budget_s:.0%})")
+                     f"({used / budget_s:.0%}); by CPU time, on an idle machine with a core per run, "
+                     f"{idle / 3600:.2f} h ({idle / budget_s:.0%})")
     return "\n".join(lines)
 
 

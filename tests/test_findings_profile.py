@@ -73,6 +73,10 @@ def test_each_sweeps_time_is_summed_from_its_runs(tmp_path, capsys):
     assert times.main([str(root)]) == 0
     out = capsys.readouterr().out
     assert "budget:" in out and "of 2.50 h at 2 runs at a time" in out
+    # and by CPU time (the fixture's runs spent 0.9 of their wall time on a core)
+    assert table.loc["all", "cpu_s"] == pytest.approx(0.9 * table.loc["all", "wall_s"])
+    idle = table.loc["all", "cpu_s"] / 2
+    assert f"by CPU time, on an idle machine with a core per run, {idle / 3600:.2f} h ({idle / 9000:.0%})" in out
 
 
 def test_committed_results_redraw_every_csv_byte_for_byte(tmp_path):
