@@ -265,6 +265,18 @@ def test_the_bench_row_times_solo_and_grouped_steps_of_one_shape():
         assert r["speedup"] == pytest.approx(r["solo_ms_per_step"] / r["grouped_ms_per_step_per_run"])
     assert rows[0]["solo_ms_per_step"] == rows[1]["solo_ms_per_step"]  # measured once per shape
     assert "| tiny elu | 3 |" in format_table(rows)
+    # on a CPU the rows count process time (what a run costs a core), and say so
+    assert {(r["device"], r["clock"]) for r in rows} == {("cpu", "cpu")}
+    assert "| solo cpu ms/step |" in format_table(rows)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for a machine without CUDA")
+def test_the_bench_refuses_a_gpu_it_cannot_see(capsys):
+    from harness.bench.group import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--device", "cuda", "--sizes", "2"])
+    assert stop.value.code == 2 and "torch sees no CUDA device" in capsys.readouterr().err
 
 
 def test_the_bound_row_times_one_solo_run_at_the_groups_whole_batch():
