@@ -33,6 +33,21 @@ def test_a_cycle_and_an_upward_import_are_found():
     assert imports.upward(g) == [("harness.ops.c", "harness.train.loop")]
 
 
+def test_no_module_imports_another_modules_private_name():
+    assert imports.private_imports() == []
+
+
+def test_a_private_import_is_found(tmp_path):
+    files = {"harness.run.job": "def _run_claimed():\n    pass\n",
+             "harness.run.grouped": "from harness.run.job import _run_claimed\nfrom .job import __doc__\n",
+             "harness.run.sweep": "from harness.run.grouped import __doc__\n"}
+    mods = {}
+    for name, text in files.items():
+        mods[name] = tmp_path / f"{name.rsplit('.', 1)[1]}.py"
+        mods[name].write_text(text)
+    assert imports.private_imports(mods) == [("harness.run.grouped", "harness.run.job._run_claimed")]
+
+
 def test_from_package_import_module_counts_the_module(tmp_path):
     known = {"harness", "harness.ops", "harness.ops.linear", "harness.layers.kernel"}
     src = tmp_path / "kernel.py"

@@ -3,7 +3,8 @@
 `python -m harness.devtools.imports` prints the layers of harness/ (and of analysis/, the figure
 code beside it in a checkout, which sits above them all) in import order (lowest
 first), each with its modules and what it imports from below; it exits 1 and names the
-offending modules if the graph has a cycle or a module imports from a layer above its own.
+offending modules if the graph has a cycle, a module imports from a layer above its own, or a
+module imports another module's private name (a leading underscore: that module's own business).
 
 A layer is a top-level module or subpackage of harness (ops, layers, train, ...). LAYERS
 orders them: a module may import from its own layer and from those before it. The graph is
@@ -76,6 +77,23 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
             if target in known and target != name:
                 found.add(target)
     return found
+
+
+def private_imports(mods: dict[str, Path] | None = None) -> list[tuple[str, str]]:
+    """(importer, "module.name") for every private name (one leading underscore) a module of the
+    package (``mods``: modules()) imports from another of its modules."""
+    mods = modules() if mods is None else mods
+    found = []
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _resolve(node, name, path.name == "__init__.py")
+            if base == name or base not in mods:
+                continue
+            found += [(name, f"{base}.{a.name}") for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return sorted(found)
 
 
 def graph() -> dict[str, set[str]]:
@@ -157,11 +175,14 @@ def main() -> int:
     print(report(g))
     bad = cycles(g)
     up = upward(g)
+    private = private_imports()
     for comp in bad:
         print(f"cycle: {' -> '.join(comp)}", file=sys.stderr)
     for a, b in up:
         print(f"upward import: {a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})", file=sys.stderr)
-    return 1 if bad or up else 0
+    for a, b in private:
+        print(f"private import: {a} imports {b}", file=sys.stderr)
+    return 1 if bad or up or private else 0
 
 
 if __name__ == "__main__":

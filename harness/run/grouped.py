@@ -153,7 +153,7 @@ def train_claimed(claims: list, sweep_dir: Path, stop=None) -> list[dict[str, An
     run), each one's outcome; a failure of the group as a whole (no member's own) is recorded in
     every member's directory. ``stop``: the unit's StopRequest, held since its first claim."""
     from harness.outputs.results import base_results
-    from harness.run.job import _run_claimed
+    from harness.run.job import run_claimed
     from harness.train.group.runs import train_members
 
     plans = [plan for plan, _ in claims]
@@ -165,11 +165,11 @@ def train_claimed(claims: list, sweep_dir: Path, stop=None) -> list[dict[str, An
             torch.set_num_threads(plans[0].trainer.threads)
         if len(claims) == 1:
             plan, run = claims[0]
-            return [_run_claimed(plan, run, goes_on, None, base_results(plan.cfg, plan.flat, plan.digest))]
+            return [run_claimed(plan, run, goes_on, None, base_results(plan.cfg, plan.flat, plan.digest))]
         try:
             return train_members(plans, [run.path for _, run in claims], sweep_dir=sweep_dir, stop=stop)
         except Exception as exc:  # the group as a whole: said in each member's results.json
-            return [_run_claimed(plan, run, goes_on, exc, base_results(plan.cfg, plan.flat, plan.digest))
+            return [run_claimed(plan, run, goes_on, exc, base_results(plan.cfg, plan.flat, plan.digest))
                     for plan, run in claims]
     finally:
         for _, run in claims:

@@ -91,7 +91,7 @@ def run_job(cfg: DictConfig, plan: RunPlan | None = None, fresh: bool = False) -
         return {"status": "skipped", "dir": str(run.done)}
     goes_on = where.multirun and not cfg.sweep.fail_on_error
     try:
-        return _run_claimed(plan, run, goes_on, failure, base_results(cfg, flat, digest))
+        return run_claimed(plan, run, goes_on, failure, base_results(cfg, flat, digest))
     except Stopped as stop:  # a measurement mode stopped at once: it leaves nothing behind
         run.release()
         if not where.multirun:
@@ -126,13 +126,13 @@ def claim_member(cfg: DictConfig) -> dict[str, Any] | Claimed:
     if run.resume is not None:
         print(f"[harness] {run.path}: resumes its own checkpoint, alone")
         try:
-            return _run_claimed(plan, run, not cfg.sweep.fail_on_error, None, base_results(cfg, plan.flat, plan.digest))
+            return run_claimed(plan, run, not cfg.sweep.fail_on_error, None, base_results(cfg, plan.flat, plan.digest))
         finally:
             run.release()
     return Claimed(plan, run)
 
 
-def _run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exception | None,
+def run_claimed(plan: RunPlan | None, run: RunDir, goes_on: bool, failure: Exception | None,
                  record: dict[str, Any]) -> dict[str, Any]:
     """The plan's mode in its claimed directory; ``failure``: why a sweep's job has no plan,
     recorded as a failed run. ``record``: the start of its results.json; ``goes_on``: a failure
