@@ -66,7 +66,7 @@ def clock_name(device: torch.device) -> str:
 
 def step_clock(device: torch.device) -> Callable[[], float]:
     """The seconds a step is stamped with on ``device`` (clock_name)."""
-    if device.type == "cpu":
+    if clock_name(device) == "cpu":
         return time.process_time
 
     def stamp() -> float:
