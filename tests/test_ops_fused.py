@@ -119,6 +119,60 @@ def test_fused_decay_matches_batched_float64(shape, init, monkeypatch):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
+def fixed_decays(m, n, c, heads, dtype, seed=9):
+    """RetNet's log decays: one value per head (sequences cycle through the heads), the same at
+    every position, so the kernel's decay masks repeat and it reuses them (MaskCache)."""
+    per_head = -3 * torch.rand(heads, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return per_head.repeat(m // heads + 1)[:m, None, None, None].expand(m, n, c, 1).contiguous()
+
+
+@pytest.mark.parametrize("heads", (1, 3, 20))  # 20: more patterns than the cache keeps
+def test_fused_decay_with_fixed_decays_matches_batched_float64(heads, monkeypatch):
+    m, n, c, dk, dv = 40, 3, 8, 4, 6
+    q, k, v, s0, _ = draw(m, n, c, dk, dv, torch.float64, True, seed=heads)
+    x = fixed_decays(m, n, c, heads, torch.float64)
+    a = decay_outputs_and_grads(True, q - 0.5, k - 0.5, v, x, s0, monkeypatch)
+    b = decay_outputs_and_grads(False, q - 0.5, k - 0.5, v, x, s0, monkeypatch)
+    for got, want in zip(a, b):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("heads,shared_start", [(1, False), (3, False), (3, True), (20, False), (None, False)])
+def test_decay_kernel_reusing_masks_equals_it_computing_each_afresh(heads, shared_start):
+    """A reused decay mask changes no bit: the kernel over a whole batch (masks reused across
+    sequences and chunks) against the same kernel called on one chunk at a time, the state carried
+    from call to call (forward: s0 is the last call's final state; backward: ds_final is the later
+    chunk's ds0), where every mask is computed afresh. float32, where a changed rounding shows.
+    heads None: data-dependent decays, never repeated; shared_start: the heads' decays agree over
+    a chunk's first half, so only the whole chunk tells their masks apart."""
+    m, n, c, dk, dv = 24, 3, 16, 2, 8
+    q, k, v, s0, _ = draw(m, n, c, dk, dv, torch.float32, True, seed=4)
+    q, k = q - 0.5, k - 0.5
+    x = (fixed_decays(m, n, c, heads, torch.float32) if heads else
+         -3 * torch.rand(m, n, c, 1, generator=torch.Generator().manual_seed(3)))[..., 0].contiguous()
+    if shared_start:
+        x[..., :c // 2] = -0.5
+    g = torch.Generator().manual_seed(5)
+    do, ds_final = torch.randn(m, n, c, dv, generator=g), torch.randn(m, dk, dv, generator=g)
+    kern = fused.kernels()
+    o, starts, s_final = kern.decay_forward(q, k, v, x, s0)
+    grads = kern.decay_backward(q, k, v, x, starts, do, ds_final)  # dq, dk, dv, db, ds0
+    one = lambda t, s, j: t[s:s + 1, j:j + 1].contiguous()
+    for s in range(m):
+        state = s0[s:s + 1]
+        for j in range(n):
+            o_j, starts_j, state = kern.decay_forward(one(q, s, j), one(k, s, j), one(v, s, j), one(x, s, j), state)
+            assert torch.equal(o_j, one(o, s, j)) and torch.equal(starts_j, one(starts, s, j))
+        assert torch.equal(state, s_final[s:s + 1])
+        g_state = ds_final[s:s + 1]
+        for j in reversed(range(n)):
+            *chunk_grads, g_state = kern.decay_backward(one(q, s, j), one(k, s, j), one(v, s, j), one(x, s, j),
+                                                        one(starts, s, j), one(do, s, j), g_state)
+            for got, whole in zip(chunk_grads, grads[:4]):
+                assert torch.equal(got, one(whole, s, j))
+        assert torch.equal(g_state, grads[4][s:s + 1])
+
+
 GATED_SHAPES = SHAPES + [(2, 2, 64, 16, 8), (1, 2, 128, 8, 8)]
 
 

@@ -11,6 +11,8 @@
 //   G = e^{b_C} G + (e^{b} q)^T do
 #include "chunk_cpu.h"
 
+#include <cstring>
+
 namespace harness_cpu {
 namespace {
 
@@ -44,6 +46,61 @@ T decay_factors(const T* x, const T* q, const T* k, int64_t c, int64_t dk, T* b,
 }
 
 
+// The decay mask of a chunk (e^{b_i - b_j} on and below the diagonal, 0 above) depends on the
+// chunk's log decays alone, and at small key widths its c (c + 1) / 2 exponentials cost more than
+// the chunk's products. Where the log decays repeat (RetNet's fixed decay per head, the same in
+// every sequence and chunk), the last few masks are kept and reused, keyed by the log decays'
+// bytes. A reused mask holds the very values computing it again would give (1 * e^z is e^z), so
+// no result changes. Data-dependent decays (Mamba-2's gates) never repeat: after kGiveUp lookups
+// without a hit (as many as it has slots) the cache stops keeping masks, and the forward goes
+// back to masking in place.
+// One cache per thread; kSlots covers the decay heads of a layer (model.n_heads x
+// model.options.retnet_heads) up to 16.
+template <typename T>
+class MaskCache {
+ public:
+  explicit MaskCache(int64_t c) : c_(c) {
+    keys_.reserve(kSlots * c);  // filled slot by slot, without a reallocation
+    masks_.reserve(kSlots * c * c);
+  }
+
+  bool caching() const { return hits_ > 0 || lookups_ < kGiveUp; }
+
+  // The mask of the chunk whose log decays are x and whose prefix sums (decay_factors) are b.
+  const T* get(const T* x, const T* b) {
+    if (!caching()) return compute(masks_.data(), b);
+    ++lookups_;
+    for (int i = 0; i < used_; ++i)
+      if (std::memcmp(keys_.data() + i * c_, x, c_ * sizeof(T)) == 0) {
+        ++hits_;
+        return masks_.data() + i * c_ * c_;
+      }
+    const int slot = next_;
+    next_ = (next_ + 1) % kSlots;
+    used_ = std::min(used_ + 1, kSlots);
+    if (masks_.size() < static_cast<size_t>(used_ * c_ * c_)) {  // a new slot
+      keys_.resize(used_ * c_);
+      masks_.resize(used_ * c_ * c_);
+    }
+    std::copy(x, x + c_, keys_.data() + slot * c_);
+    return compute(masks_.data() + slot * c_ * c_, b);
+  }
+
+ private:
+  static constexpr int kSlots = 16, kGiveUp = kSlots;
+
+  T* compute(T* mask, const T* b) const {
+    std::fill(mask, mask + c_ * c_, T(1));
+    decay_mask(mask, b, c_);
+    return mask;
+  }
+
+  int64_t c_;
+  std::vector<T> keys_, masks_;
+  int used_ = 0, next_ = 0;
+  int64_t lookups_ = 0, hits_ = 0;
+};
+
 }  // namespace
 
 template <typename T>
@@ -51,6 +108,7 @@ void ScalarDecayKernel<T>::forward(const T* q, const T* k, const T* v, const T* 
                                    T* s_final, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv) {
   parallel_sequences(m, [&](int64_t first, int64_t last) {
     std::vector<T> a(c * c), b(c), fq(c), fk(c), qs(c * dk), ks(c * dk);
+    MaskCache<T> masks(c);
     for (int64_t s = first; s < last; ++s) {
       T* S = s_final + s * dk * dv;
       start_state(S, s0, s, dk * dv);
@@ -64,7 +122,15 @@ void ScalarDecayKernel<T>::forward(const T* q, const T* k, const T* v, const T* 
         std::copy(S, S + dk * dv, starts + ch * dk * dv);
         const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
         mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // q k^T, then the decay mask
-        decay_mask(a.data(), b.data(), c);
+        if (masks.caching()) {
+          const T* mask = masks.get(X, b.data());
+          for (int64_t i = 0; i < c; ++i) {
+            for (int64_t j = 0; j <= i; ++j) a[i * c + j] *= mask[i * c + j];
+            std::fill(a.begin() + i * c + i + 1, a.begin() + (i + 1) * c, T(0));
+          }
+        } else {
+          decay_mask(a.data(), b.data(), c);
+        }
         mm<T>(false, false, c, dv, dk, qs.data(), dk, S, dv, T(0), O, dv);  // e^b q S
         mm<T>(false, false, c, dv, c, a.data(), c, V, dv, T(1), O, dv);  // + A v
         const T decay = std::exp(b_end);
@@ -81,7 +147,8 @@ void ScalarDecayKernel<T>::backward(const T* q, const T* k, const T* v, const T*
                                     const T* ds_final, T* dq, T* dk_, T* dv_, T* db, T* ds0, int64_t m, int64_t n,
                                     int64_t c, int64_t dk, int64_t dv) {
   parallel_sequences(m, [&](int64_t first, int64_t last) {
-    std::vector<T> a(c * c), da(c * c), b(c), fq(c), fk(c), mask(c * c), qs(c * dk), ks(c * dk), tmp(c * dk);
+    std::vector<T> a(c * c), da(c * c), b(c), fq(c), fk(c), qs(c * dk), ks(c * dk), tmp(c * dk);
+    MaskCache<T> masks(c);
     for (int64_t s = first; s < last; ++s) {
       T* G = ds0 + s * dk * dv;  // the running state gradient lives in the output
       std::copy(ds_final + s * dk * dv, ds_final + (s + 1) * dk * dv, G);
@@ -94,8 +161,7 @@ void ScalarDecayKernel<T>::backward(const T* q, const T* k, const T* v, const T*
         const T* dO = dout + ch * c * dv;
         const T* S = starts + ch * dk * dv;
         const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
-        std::fill(mask.begin(), mask.end(), T(1));
-        decay_mask(mask.data(), b.data(), c);
+        const T* mask = masks.get(X, b.data());
         mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // A, recomputed
         mm<T>(false, true, c, c, dv, dO, dv, V, dv, T(0), da.data(), c);  // dA = (do v^T) * M
 #pragma omp simd
