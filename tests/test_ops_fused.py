@@ -93,11 +93,12 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch, capsys, tmp_path)
     assert torch.isfinite(o).all()
 
 
-def decay_outputs_and_grads(use_fused, q, k, v, x, s0, monkeypatch):
+def decay_outputs_and_grads(use_fused, q, k, v, x, s0, monkeypatch, x_learned=True):
+    """Outputs and gradients; x_learned False: the log decays are constants, as RetNet's are."""
     monkeypatch.setattr(fused, "_enabled", use_fused)
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, x, s0) if t is not None]
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, x if x_learned else None, s0) if t is not None]
     it = iter(leaves)
-    args = [next(it) if t is not None else None for t in (q, k, v, x, s0)]
+    args = [(x if t is x and not x_learned else next(it)) if t is not None else None for t in (q, k, v, x, s0)]
     out = decay_chunk(*args)
     expected = DecayChunkCPU if use_fused else DecayChunk
     assert type(out[0].grad_fn).__name__ == f"{expected.__name__}Backward"
@@ -131,20 +132,23 @@ def test_fused_decay_with_fixed_decays_matches_batched_float64(heads, monkeypatc
     m, n, c, dk, dv = 40, 3, 8, 4, 6
     q, k, v, s0, _ = draw(m, n, c, dk, dv, torch.float64, True, seed=heads)
     x = fixed_decays(m, n, c, heads, torch.float64)
-    a = decay_outputs_and_grads(True, q - 0.5, k - 0.5, v, x, s0, monkeypatch)
-    b = decay_outputs_and_grads(False, q - 0.5, k - 0.5, v, x, s0, monkeypatch)
+    a = decay_outputs_and_grads(True, q - 0.5, k - 0.5, v, x, s0, monkeypatch, x_learned=False)
+    b = decay_outputs_and_grads(False, q - 0.5, k - 0.5, v, x, s0, monkeypatch, x_learned=False)
+    assert len(a) == 2 + 4  # o, S_final; dq, dk, dv, ds0 (no gradient for the constant decays)
     for got, want in zip(a, b):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("keep_masks", (False, True))
 @pytest.mark.parametrize("heads,shared_start", [(1, False), (3, False), (3, True), (20, False), (None, False)])
-def test_decay_kernel_reusing_masks_equals_it_computing_each_afresh(heads, shared_start):
-    """A reused decay mask changes no bit: the kernel over a whole batch (masks reused across
+def test_decay_kernel_reusing_masks_equals_it_computing_each_afresh(heads, shared_start, keep_masks):
+    """A reused or kept decay mask changes no bit: the kernel over a whole batch (masks reused across
     sequences and chunks) against the same kernel called on one chunk at a time, the state carried
     from call to call (forward: s0 is the last call's final state; backward: ds_final is the later
     chunk's ds0), where every mask is computed afresh. float32, where a changed rounding shows.
     heads None: data-dependent decays, never repeated; shared_start: the heads' decays agree over
-    a chunk's first half, so only the whole chunk tells their masks apart."""
+    a chunk's first half, so only the whole chunk tells their masks apart. keep_masks: the
+    forward keeps every chunk's mask and the backward reads them (learned decays)."""
     m, n, c, dk, dv = 24, 3, 16, 2, 8
     q, k, v, s0, _ = draw(m, n, c, dk, dv, torch.float32, True, seed=4)
     q, k = q - 0.5, k - 0.5
@@ -155,19 +159,24 @@ def test_decay_kernel_reusing_masks_equals_it_computing_each_afresh(heads, share
     g = torch.Generator().manual_seed(5)
     do, ds_final = torch.randn(m, n, c, dv, generator=g), torch.randn(m, dk, dv, generator=g)
     kern = fused.kernels()
-    o, starts, s_final = kern.decay_forward(q, k, v, x, s0)
-    grads = kern.decay_backward(q, k, v, x, starts, do, ds_final)  # dq, dk, dv, db, ds0
+    o, starts, s_final, masks = kern.decay_forward(q, k, v, x, s0, keep_masks)
+    assert masks.shape == ((m, n, c * (c + 1) // 2) if keep_masks else (0,))
+    grads = kern.decay_backward(q, k, v, x, starts, do, ds_final, masks)  # dq, dk, dv, db, ds0
     one = lambda t, s, j: t[s:s + 1, j:j + 1].contiguous()
     for s in range(m):
         state = s0[s:s + 1]
         for j in range(n):
-            o_j, starts_j, state = kern.decay_forward(one(q, s, j), one(k, s, j), one(v, s, j), one(x, s, j), state)
+            o_j, starts_j, state, mask_j = kern.decay_forward(one(q, s, j), one(k, s, j), one(v, s, j), one(x, s, j),
+                                                              state, keep_masks)
             assert torch.equal(o_j, one(o, s, j)) and torch.equal(starts_j, one(starts, s, j))
+            if keep_masks:
+                assert torch.equal(mask_j, one(masks, s, j))
         assert torch.equal(state, s_final[s:s + 1])
         g_state = ds_final[s:s + 1]
         for j in reversed(range(n)):
             *chunk_grads, g_state = kern.decay_backward(one(q, s, j), one(k, s, j), one(v, s, j), one(x, s, j),
-                                                        one(starts, s, j), one(do, s, j), g_state)
+                                                        one(starts, s, j), one(do, s, j), g_state,
+                                                        torch.empty(0))  # masks computed afresh
             for got, whole in zip(chunk_grads, grads[:4]):
                 assert torch.equal(got, one(whole, s, j))
         assert torch.equal(g_state, grads[4][s:s + 1])

@@ -136,7 +136,7 @@ class GatedDecay(Mixer):
         opts = self.options_of(config)
         self.form, self.chunk_size, self.gate = config.form, config.chunk_size, opts.gate
         C, H = config.d_model, self.n_heads
-        self.per_group = opts.decay_heads_per_group()  # decay heads per q/k head
+        self.per_group = self.decay_heads_for(config)  # decay heads per q/k head
         self.heads_per_readout = self.per_group  # a group's decay heads are normed and read out together
         self.decay_head_dim = self.d_head // self.per_group
         self.gate_proj = nn.Linear(C, C)  # silu output gate (Mamba's z), starts open
@@ -194,6 +194,11 @@ class GatedDecay(Mixer):
     @property
     def core(self) -> str:
         return self.gate_core(self.gate)
+
+    @classmethod
+    def decay_heads_for(cls, config) -> int:
+        """model.options.mamba_heads for the scalar gate, 1 for per_dim."""
+        return cls.options_of(config).decay_heads_per_group()
 
     @classmethod
     def core_for(cls, config) -> str:

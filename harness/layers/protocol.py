@@ -31,6 +31,10 @@ them through :class:`Mixer`; an outside mixer declares what it can.
   hook_beta
   effective_weights(hooks,    (B, H, R, T) tensor        sharpness and the read-out split
     rows=None)                                           (signal against crosstalk)
+  decay_heads_for(config)     int (classmethod,          the scalar decays per q/k head (RetNet's
+                              default 1)                 and Mamba-2's decay heads): the memory
+                                                         estimate counts the fused kernel's kept
+                                                         decay masks by them
   heads_per_readout           int (default 1)            trained-statistics theory: that many
                                                          consecutive heads of effective_weights
                                                          are concatenated into one read-out
@@ -249,6 +253,12 @@ class Mixer(nn.Module):
     def core_for(cls, config) -> str:
         """`core` for a config, known without building the mixer (a gate may choose it)."""
         return cls.core
+
+    @classmethod
+    def decay_heads_for(cls, config) -> int:
+        """Scalar decays per q/k head, known without building the mixer: 1 unless the mixer splits
+        its heads into decay heads (retnet, mamba)."""
+        return 1
 
     @classmethod
     def key_width(cls, d_qk: int, config=None) -> int:

@@ -62,6 +62,11 @@ class Retention(Mixer):
     Options = RetNetOptions
 
     @classmethod
+    def decay_heads_for(cls, config) -> int:
+        """model.options.retnet_heads."""
+        return cls.options_of(config).retnet_heads
+
+    @classmethod
     def check_config(cls, config) -> None:
         """retnet_heads must split the head's v evenly (called by harness.model.validate)."""
         d_head, heads = config.d_model // config.n_heads, cls.options_of(config).retnet_heads
@@ -81,7 +86,7 @@ class Retention(Mixer):
         super().__init__(config, layer_idx)
         opts = self.options_of(config)
         self.form, self.chunk_size = config.form, config.chunk_size
-        self.per_group = opts.retnet_heads  # decay heads per q/k head
+        self.per_group = self.decay_heads_for(config)  # decay heads per q/k head
         self.heads_per_readout = self.per_group  # a q/k head's decay heads are read out together
         self.decay_head_dim = self.d_head // self.per_group
         n_decay = self.n_heads * self.per_group

@@ -6,7 +6,8 @@ data chunk it was generated in and the activations kept for the backward pass; a
 adds one forward pass over `chunk` examples without them. Per token and layer a pre-norm block
 keeps its norms, q/k/v (before and after the short convolution and the feature map), the
 mixer's read-out and the MLP's hidden layer; the mixer's core adds what its form forms at once
-(harness.ops): an (c x c) block per chunk and a state per chunk boundary (chunk form), the
+(harness.ops): an (c x c) block per chunk and a state per chunk boundary (chunk form; and the
+decay masks that the fused CPU kernel keeps for learned scalar decays, one per decay head), the
 (T x T) weights (parallel form), a state per token (recurrent form); softmax's fused kernel
 forms no (T x T) matrix. The end-of-run measurements hold every mixer's hook tensors for
 `measure_examples` examples at once (harness.measure.trained). The logits cost
@@ -52,6 +53,9 @@ class ModelFacts:
     chunk: int
     vocab: int
     params: int
+    # heads whose (c x c) decay masks the fused CPU chunk kernel keeps for the backward pass: the
+    # learned scalar decays' (harness.ops.decay.chunk.DecayChunkCPU); 0 for every other core
+    kept_mask_heads: int = 0
 
 
 def param_count(mcfg: ModelConfig, vocab: int, max_len: int, learned_positions: bool | None = None) -> int:
@@ -88,9 +92,14 @@ def slot_facts(mcfg: ModelConfig, cls: type, vocab: int, max_len: int, learned_p
     d_key = int(key_width(d_qk, mcfg)) if callable(key_width) else d_qk
     core_for = getattr(cls, "core_for", None)
     core = core_for(mcfg) if callable(core_for) else getattr(cls, "core", "")
+    core = core if isinstance(core, str) else ""
+    kept_mask_heads = 0
+    if core == "decay_scalar" and not getattr(cls, "fixed_decays", False):
+        decay_heads = getattr(cls, "decay_heads_for", None)
+        kept_mask_heads = mcfg.n_heads * (int(decay_heads(mcfg)) if callable(decay_heads) else 1)
     return ModelFacts(mcfg.d_model, mcfg.n_layers, mcfg.n_heads, d_qk, d_key, mcfg.mlp_ratio if mcfg.mlp else 0,
-                      core if isinstance(core, str) else "", mcfg.form, mcfg.chunk_size, vocab,
-                      param_count(mcfg, vocab, max_len, learned_positions))
+                      core, mcfg.form, mcfg.chunk_size, vocab, param_count(mcfg, vocab, max_len, learned_positions),
+                      kept_mask_heads)
 
 
 def _mixer_elements(f: ModelFacts, T: int, training: bool) -> float:
@@ -106,7 +115,8 @@ def _mixer_elements(f: ModelFacts, T: int, training: bool) -> float:
     if f.form == "recurrent":  # a state per token, kept for the backward pass
         return (1.0 if training else 0.0) * H * m * (dv + 1) + 4.0 * H * m
     c = min(f.chunk, T)  # the (c x c) block of a chunk; a per-dimension gate adds key-wide factors
-    return 4.0 * H * c + (8.0 * H * m if per_dim > 1 else 0.0) + 2.0 * H * m * (dv + 1) / c + 4.0 * H * m
+    kept_masks = f.kept_mask_heads * (c + 1) / 2 if training else 0.0  # a lower triangle per chunk
+    return 4.0 * H * c + (8.0 * H * m if per_dim > 1 else 0.0) + 2.0 * H * m * (dv + 1) / c + 4.0 * H * m + kept_masks
 
 
 def _block_elements(f: ModelFacts, T: int, training: bool) -> float:

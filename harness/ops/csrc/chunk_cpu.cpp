@@ -3,6 +3,7 @@
 // the functions harness.ops.fused_cpu.kernels() returns. The kernels themselves are in the
 // family files (see chunk_cpu.h for the list and for why only this file includes
 // <torch/extension.h>).
+#include <ATen/EmptyTensor.h>
 #include <torch/extension.h>
 
 #include "chunk_cpu.h"
@@ -62,29 +63,38 @@ std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor k, torch::Ten
 }
 
 // q, k: (M, N, C, Dk); v: (M, N, C, Dv); x: (M, N, C) log decays; s0 (M, Dk, Dv) or empty.
-// Returns o, the entering states S (M, N, Dk, Dv) and S_final.
+// Returns o, the entering states S (M, N, Dk, Dv), S_final and, with keep_masks, the chunks' decay
+// masks (M, N, C (C + 1) / 2, lower triangles) for decay_backward (else empty).
 std::vector<torch::Tensor> decay_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor x,
-                                         torch::Tensor s0) {
+                                         torch::Tensor s0, bool keep_masks) {
   for (auto* t : {&q, &k, &v, &x}) check(*t, "q, k, v, log decays");
   const auto m = q.size(0), n = q.size(1), c = q.size(2), dk = q.size(3), dv = v.size(3);
   auto o = torch::empty({m, n, c, dv}, q.options());
   auto starts = torch::empty({m, n, dk, dv}, q.options());
   auto s_final = torch::empty({m, dk, dv}, q.options());
+  // every value of the masks is written: allocated without the fill that deterministic mode gives
+  // torch::empty (a pass over memory as large as the masks)
+  torch::Tensor masks = keep_masks ? at::Tensor(at::detail::empty_cpu({m, n, c * (c + 1) / 2}, q.scalar_type(),
+                                                                     false, std::nullopt))
+                                   : torch::empty({0}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decay_chunk_cpu_forward", [&] {
     using Kernel = harness_cpu::ScalarDecayKernel<scalar_t>;
     Kernel::forward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                     x.data_ptr<scalar_t>(), s0.numel() ? s0.contiguous().data_ptr<scalar_t>() : nullptr,
                     o.data_ptr<scalar_t>(), starts.data_ptr<scalar_t>(), s_final.data_ptr<scalar_t>(),
-                    m, n, c, dk, dv);
+                    keep_masks ? masks.data_ptr<scalar_t>() : nullptr, m, n, c, dk, dv);
   });
-  return {o, starts, s_final};
+  return {o, starts, s_final, masks};
 }
 
 // Gradients of decay_forward's (o, S_final) except the final state's log-decay term: returns
-// dq, dk, dv, db (M, N, C: q.dq - k.dk per position) and dS0.
+// dq, dk, dv, db (M, N, C: q.dq - k.dk per position) and dS0. masks: decay_forward's, or empty
+// (the kernel computes them again).
 std::vector<torch::Tensor> decay_backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor x,
-                                          torch::Tensor starts, torch::Tensor dout, torch::Tensor ds_final) {
+                                          torch::Tensor starts, torch::Tensor dout, torch::Tensor ds_final,
+                                          torch::Tensor masks) {
   for (auto* t : {&q, &k, &v, &x, &starts}) check(*t, "saved tensors");
+  if (masks.numel()) check(masks, "saved decay masks");
   dout = dout.contiguous();
   ds_final = ds_final.contiguous();
   const auto m = q.size(0), n = q.size(1), c = q.size(2), dk = q.size(3), dv = v.size(3);
@@ -94,9 +104,9 @@ std::vector<torch::Tensor> decay_backward(torch::Tensor q, torch::Tensor k, torc
     using Kernel = harness_cpu::ScalarDecayKernel<scalar_t>;
     Kernel::backward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                      x.data_ptr<scalar_t>(), starts.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(),
-                     ds_final.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dkk.data_ptr<scalar_t>(),
-                     dvv.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), ds0.data_ptr<scalar_t>(),
-                     m, n, c, dk, dv);
+                     ds_final.data_ptr<scalar_t>(), masks.numel() ? masks.data_ptr<scalar_t>() : nullptr,
+                     dq.data_ptr<scalar_t>(), dkk.data_ptr<scalar_t>(), dvv.data_ptr<scalar_t>(),
+                     db.data_ptr<scalar_t>(), ds0.data_ptr<scalar_t>(), m, n, c, dk, dv);
   });
   return {dq, dkk, dvv, db, ds0};
 }

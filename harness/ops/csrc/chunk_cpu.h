@@ -135,14 +135,16 @@ struct LinearKernel {  // linear_cpu.cpp
 
 template <typename T>
 struct ScalarDecayKernel {  // decay_cpu.cpp
-  // x (M, N, C) log decays; optional s0. Writes o, the entering states S and S_final.
+  // x (M, N, C) log decays; optional s0. Writes o, the entering states S and S_final, and, where
+  // masks is not null, every chunk's decay mask for the backward pass (M, N, C (C + 1) / 2: the
+  // lower triangle row by row).
   static void forward(const T* q, const T* k, const T* v, const T* x, const T* s0, T* o, T* starts,
-                      T* s_final, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv);
+                      T* s_final, T* masks, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv);
   // Gradients of forward's (o, S_final) except the final state's log-decay term: writes dq, dk,
-  // dv, db (M, N, C: q.dq - k.dk per position) and dS0.
+  // dv, db (M, N, C: q.dq - k.dk per position) and dS0. masks: the forward's, or null (recomputed).
   static void backward(const T* q, const T* k, const T* v, const T* x, const T* starts, const T* dout,
-                       const T* ds_final, T* dq, T* dk_, T* dv_, T* db, T* ds0, int64_t m, int64_t n,
-                       int64_t c, int64_t dk, int64_t dv);
+                       const T* ds_final, const T* masks, T* dq, T* dk_, T* dv_, T* db, T* ds0, int64_t m,
+                       int64_t n, int64_t c, int64_t dk, int64_t dv);
 };
 
 template <typename T>

@@ -249,7 +249,9 @@ def final_state_log_decay_grad(ds_final, s_final, per_dim: bool, dtype) -> torch
 class DecayChunkCPU(FoldsMembers, torch.autograd.Function):
     """:class:`DecayChunk` through the fused CPU kernels (harness/ops/decay/decay_cpu.cpp, gated_cpu.cpp): same
     signature and results, for scalar gates and per-dimension gates alike; the kernels recompute
-    the in-chunk weights in the backward pass instead of saving them.
+    the in-chunk weights in the backward pass instead of saving them, except learned scalar
+    gates' decay masks (the lower triangle of a chunk's (c x c) mask, half what the batched form
+    holds), whose exponentials would otherwise be paid twice.
 
     A per-dimension gate enters the kernel as a = e^x (one vectorised exp here), every decay
     between two positions being a product of a's there (each factor <= 1: nothing overflows);
@@ -265,20 +267,25 @@ class DecayChunkCPU(FoldsMembers, torch.autograd.Function):
             o, starts, s_final = fused_cpu.kernels().gated_forward(q, k, v, a, s0_)
             ctx.save_for_backward(q, k, v, a, starts, s_final)
         else:
-            o, starts, s_final = fused_cpu.kernels().decay_forward(q, k, v, x.view(m, n, c), s0_)
-            ctx.save_for_backward(q, k, v, x, starts, s_final)
+            # learned log decays (their gradient wanted: Mamba-2's gates) repeat nowhere, so the
+            # forward keeps its decay masks for the backward pass; fixed ones (RetNet's) the
+            # kernel reuses from head to head, and keeps none
+            o, starts, s_final, masks = fused_cpu.kernels().decay_forward(q, k, v, x.view(m, n, c), s0_,
+                                                                          ctx.needs_input_grad[3])
+            ctx.save_for_backward(q, k, v, x, starts, s_final, masks)
         return o, s_final
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do, ds_final):
-        q, k, v, x_or_a, starts, s_final = ctx.saved_tensors
+        q, k, v, x_or_a, starts, s_final, *masks = ctx.saved_tensors
         m, n, c, _ = q.shape
         want_dx = ctx.needs_input_grad[3]
         if ctx.per_dim:
             dq, dk, dv, dx, ds0 = fused_cpu.kernels().gated_backward(q, k, v, x_or_a, starts, s_final, do, ds_final)
             return dq, dk, dv, dx if want_dx else None, ds0 if ctx.needs_input_grad[4] else None
-        dq, dk, dv, db, ds0 = fused_cpu.kernels().decay_backward(q, k, v, x_or_a.view(m, n, c), starts, do, ds_final)
+        dq, dk, dv, db, ds0 = fused_cpu.kernels().decay_backward(q, k, v, x_or_a.view(m, n, c), starts, do, ds_final,
+                                                                 *masks)
         dx = None
         if want_dx:
             db = db.view(m, n, c, 1)

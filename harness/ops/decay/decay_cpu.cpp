@@ -46,6 +46,37 @@ T decay_factors(const T* x, const T* q, const T* k, int64_t c, int64_t dk, T* b,
 }
 
 
+// The decay mask of a chunk into mask (c x c): e^{b_i - b_j} on and below the diagonal, 0 above.
+template <typename T>
+T* compute_mask(T* mask, const T* b, int64_t c) {
+  std::fill(mask, mask + c * c, T(1));
+  decay_mask(mask, b, c);
+  return mask;
+}
+
+// A chunk's mask kept for the backward pass: its lower triangle row by row, c (c + 1) / 2 values
+// (row i from i (i + 1) / 2). Here a = q k^T is masked in place as decay_mask masks it, each
+// factor also written to kept.
+template <typename T>
+void decay_mask_keeping(T* a, const T* b, int64_t c, T* kept) {
+  for (int64_t i = 0; i < c; ++i) {
+    T* row = kept + i * (i + 1) / 2;
+    for (int64_t j = 0; j <= i; ++j) a[i * c + j] *= (row[j] = std::exp(b[i] - b[j]));
+    std::fill(a + i * c + i + 1, a + (i + 1) * c, T(0));
+  }
+}
+
+// A kept mask back to (c x c), zeros above the diagonal: the values compute_mask gives.
+template <typename T>
+const T* unpack_mask(const T* kept, int64_t c, T* mask) {
+  for (int64_t i = 0; i < c; ++i) {
+    const T* row = kept + i * (i + 1) / 2;
+    std::copy(row, row + i + 1, mask + i * c);
+    std::fill(mask + i * c + i + 1, mask + (i + 1) * c, T(0));
+  }
+  return mask;
+}
+
 // The decay mask of a chunk (e^{b_i - b_j} on and below the diagonal, 0 above) depends on the
 // chunk's log decays alone, and at small key widths its c (c + 1) / 2 exponentials cost more than
 // the chunk's products. Where the log decays repeat (RetNet's fixed decay per head, the same in
@@ -53,7 +84,9 @@ T decay_factors(const T* x, const T* q, const T* k, int64_t c, int64_t dk, T* b,
 // bytes. A reused mask holds the very values computing it again would give (1 * e^z is e^z), so
 // no result changes. Data-dependent decays (Mamba-2's gates) never repeat: after kGiveUp lookups
 // without a hit (as many as it has slots) the cache stops keeping masks, and the forward goes
-// back to masking in place.
+// back to masking in place. Where the log decays are learned (their gradient is wanted), the
+// forward keeps every chunk's mask for the backward pass instead (masks_out, the lower triangles:
+// decay_mask_keeping), which then computes no exponential.
 // One cache per thread; kSlots covers the decay heads of a layer (model.n_heads x
 // model.options.retnet_heads) up to 16.
 template <typename T>
@@ -89,11 +122,7 @@ class MaskCache {
  private:
   static constexpr int kSlots = 16, kGiveUp = kSlots;
 
-  T* compute(T* mask, const T* b) const {
-    std::fill(mask, mask + c_ * c_, T(1));
-    decay_mask(mask, b, c_);
-    return mask;
-  }
+  T* compute(T* mask, const T* b) const { return compute_mask(mask, b, c_); }
 
   int64_t c_;
   std::vector<T> keys_, masks_;
@@ -105,7 +134,8 @@ class MaskCache {
 
 template <typename T>
 void ScalarDecayKernel<T>::forward(const T* q, const T* k, const T* v, const T* x, const T* s0, T* o, T* starts,
-                                   T* s_final, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv) {
+                                   T* s_final, T* masks_out, int64_t m, int64_t n, int64_t c, int64_t dk,
+                                   int64_t dv) {
   parallel_sequences(m, [&](int64_t first, int64_t last) {
     std::vector<T> a(c * c), b(c), fq(c), fk(c), qs(c * dk), ks(c * dk);
     MaskCache<T> masks(c);
@@ -122,7 +152,9 @@ void ScalarDecayKernel<T>::forward(const T* q, const T* k, const T* v, const T* 
         std::copy(S, S + dk * dv, starts + ch * dk * dv);
         const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
         mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // q k^T, then the decay mask
-        if (masks.caching()) {
+        if (masks_out) {
+          decay_mask_keeping(a.data(), b.data(), c, masks_out + ch * c * (c + 1) / 2);
+        } else if (masks.caching()) {
           const T* mask = masks.get(X, b.data());
           for (int64_t i = 0; i < c; ++i) {
             for (int64_t j = 0; j <= i; ++j) a[i * c + j] *= mask[i * c + j];
@@ -144,10 +176,11 @@ void ScalarDecayKernel<T>::forward(const T* q, const T* k, const T* v, const T* 
 
 template <typename T>
 void ScalarDecayKernel<T>::backward(const T* q, const T* k, const T* v, const T* x, const T* starts, const T* dout,
-                                    const T* ds_final, T* dq, T* dk_, T* dv_, T* db, T* ds0, int64_t m, int64_t n,
-                                    int64_t c, int64_t dk, int64_t dv) {
+                                    const T* ds_final, const T* masks_in, T* dq, T* dk_, T* dv_, T* db, T* ds0,
+                                    int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv) {
   parallel_sequences(m, [&](int64_t first, int64_t last) {
     std::vector<T> a(c * c), da(c * c), b(c), fq(c), fk(c), qs(c * dk), ks(c * dk), tmp(c * dk);
+    std::vector<T> unpacked(masks_in ? c * c : 0);
     MaskCache<T> masks(c);
     for (int64_t s = first; s < last; ++s) {
       T* G = ds0 + s * dk * dv;  // the running state gradient lives in the output
@@ -161,7 +194,8 @@ void ScalarDecayKernel<T>::backward(const T* q, const T* k, const T* v, const T*
         const T* dO = dout + ch * c * dv;
         const T* S = starts + ch * dk * dv;
         const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
-        const T* mask = masks.get(X, b.data());
+        const T* mask = masks_in ? unpack_mask(masks_in + ch * c * (c + 1) / 2, c, unpacked.data())
+                                 : masks.get(X, b.data());
         mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // A, recomputed
         mm<T>(false, true, c, c, dv, dO, dv, V, dv, T(0), da.data(), c);  // dA = (do v^T) * M
 #pragma omp simd
