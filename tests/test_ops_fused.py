@@ -275,6 +275,25 @@ def test_fused_delta_float32_within_tolerance_of_float64(monkeypatch):
         torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("gated", (False, True))
+def test_delta_kernel_keeping_masks_changes_no_bit(gated):
+    """Learned decays' masks kept by the forward and read by the backward give, to the bit, what
+    the backward computing them again gives (float32). Without a decay nothing is kept."""
+    b, h, n, c, dk, dv = 2, 3, 3, 16, 4, 8
+    q, k, v, beta, x, s0 = (t.reshape(b * h, *t.shape[2:]).contiguous() if t is not None else torch.empty(0)
+                            for t in delta_draw(b, h, n, c, dk, dv, torch.float32, True, gated, seed=5))
+    kern = fused.kernels()
+    o, starts, s_final, masks = kern.delta_forward(q, k, v, beta, x, s0, True)
+    assert masks.shape == ((b * h, n, c * (c + 1) // 2) if gated else (0,))
+    again = kern.delta_forward(q, k, v, beta, x, s0, False)
+    assert again[3].numel() == 0 and all(torch.equal(a, b) for a, b in zip((o, starts, s_final), again))
+    g = torch.Generator().manual_seed(6)
+    do, ds_final = torch.randn(o.shape, generator=g), torch.randn(s_final.shape, generator=g)
+    kept = kern.delta_backward(q, k, v, beta, x, starts, s_final, do, ds_final, masks)
+    fresh = kern.delta_backward(q, k, v, beta, x, starts, s_final, do, ds_final, torch.empty(0))
+    assert all(torch.equal(a, b) for a, b in zip(kept, fresh))
+
+
 def test_delta_attention_uses_it_and_matches_naive(monkeypatch):
     """Through the public API with padding (T = 37 in chunks of 8), with and without decay."""
     g = torch.Generator().manual_seed(0)

@@ -53,8 +53,8 @@ class ModelFacts:
     chunk: int
     vocab: int
     params: int
-    # heads whose (c x c) decay masks the fused CPU chunk kernel keeps for the backward pass: the
-    # learned scalar decays' (harness.ops.decay.chunk.DecayChunkCPU); 0 for every other core
+    # heads whose (c x c) decay masks the fused CPU chunk kernels keep for the backward pass: the
+    # learned scalar decays' (DecayChunkCPU, DeltaChunkCPU with a decay); 0 for every other core
     kept_mask_heads: int = 0
 
 
@@ -94,7 +94,7 @@ def slot_facts(mcfg: ModelConfig, cls: type, vocab: int, max_len: int, learned_p
     core = core_for(mcfg) if callable(core_for) else getattr(cls, "core", "")
     core = core if isinstance(core, str) else ""
     kept_mask_heads = 0
-    if core == "decay_scalar" and not getattr(cls, "fixed_decays", False):
+    if core in ("decay_scalar", "delta_gated") and not getattr(cls, "fixed_decays", False):
         decay_heads = getattr(cls, "decay_heads_for", None)
         kept_mask_heads = mcfg.n_heads * (int(decay_heads(mcfg)) if callable(decay_heads) else 1)
     return ModelFacts(mcfg.d_model, mcfg.n_layers, mcfg.n_heads, d_qk, d_key, mcfg.mlp_ratio if mcfg.mlp else 0,

@@ -62,6 +62,14 @@ std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor k, torch::Ten
   return {dq, dkk, dvv, ds0, dz0};
 }
 
+// The chunks' decay masks a forward keeps for its backward pass, (M, N, C (C + 1) / 2), or an empty
+// tensor. Every value is written by the kernel: allocated without the fill that deterministic mode
+// gives torch::empty (a pass over memory as large as the masks).
+torch::Tensor kept_masks(bool keep, int64_t m, int64_t n, int64_t c, const torch::Tensor& like) {
+  if (!keep) return torch::empty({0}, like.options());
+  return at::Tensor(at::detail::empty_cpu({m, n, c * (c + 1) / 2}, like.scalar_type(), false, std::nullopt));
+}
+
 // q, k: (M, N, C, Dk); v: (M, N, C, Dv); x: (M, N, C) log decays; s0 (M, Dk, Dv) or empty.
 // Returns o, the entering states S (M, N, Dk, Dv), S_final and, with keep_masks, the chunks' decay
 // masks (M, N, C (C + 1) / 2, lower triangles) for decay_backward (else empty).
@@ -72,11 +80,7 @@ std::vector<torch::Tensor> decay_forward(torch::Tensor q, torch::Tensor k, torch
   auto o = torch::empty({m, n, c, dv}, q.options());
   auto starts = torch::empty({m, n, dk, dv}, q.options());
   auto s_final = torch::empty({m, dk, dv}, q.options());
-  // every value of the masks is written: allocated without the fill that deterministic mode gives
-  // torch::empty (a pass over memory as large as the masks)
-  torch::Tensor masks = keep_masks ? at::Tensor(at::detail::empty_cpu({m, n, c * (c + 1) / 2}, q.scalar_type(),
-                                                                     false, std::nullopt))
-                                   : torch::empty({0}, q.options());
+  auto masks = kept_masks(keep_masks, m, n, c, q);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "decay_chunk_cpu_forward", [&] {
     using Kernel = harness_cpu::ScalarDecayKernel<scalar_t>;
     Kernel::forward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
@@ -154,30 +158,34 @@ std::vector<torch::Tensor> gated_backward(torch::Tensor q, torch::Tensor k, torc
 }
 
 // The delta rule. q, k: (M, N, C, Dk); v: (M, N, C, Dv); beta (M, N, C); x (M, N, C) log decays or
-// empty (no decay); s0 (M, Dk, Dv) or empty. Returns o, the entering states S (M, N, Dk, Dv), S_final.
+// empty (no decay); s0 (M, Dk, Dv) or empty. Returns o, the entering states S (M, N, Dk, Dv), S_final
+// and, with keep_masks and a decay, the chunks' decay masks for delta_backward (else empty).
 std::vector<torch::Tensor> delta_forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor beta,
-                                         torch::Tensor x, torch::Tensor s0) {
+                                         torch::Tensor x, torch::Tensor s0, bool keep_masks) {
   for (auto* t : {&q, &k, &v, &beta}) check(*t, "q, k, v, beta");
   const auto m = q.size(0), n = q.size(1), c = q.size(2), dk = q.size(3), dv = v.size(3);
   auto o = torch::empty({m, n, c, dv}, q.options());
   auto starts = torch::empty({m, n, dk, dv}, q.options());
   auto s_final = torch::empty({m, dk, dv}, q.options());
+  auto masks = kept_masks(keep_masks && x.numel(), m, n, c, q);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_chunk_cpu_forward", [&] {
     using Kernel = harness_cpu::DeltaKernel<scalar_t>;
     Kernel::forward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                     beta.data_ptr<scalar_t>(), x.numel() ? x.contiguous().data_ptr<scalar_t>() : nullptr,
                     s0.numel() ? s0.contiguous().data_ptr<scalar_t>() : nullptr, o.data_ptr<scalar_t>(),
-                    starts.data_ptr<scalar_t>(), s_final.data_ptr<scalar_t>(), m, n, c, dk, dv);
+                    starts.data_ptr<scalar_t>(), s_final.data_ptr<scalar_t>(),
+                    masks.numel() ? masks.data_ptr<scalar_t>() : nullptr, m, n, c, dk, dv);
   });
-  return {o, starts, s_final};
+  return {o, starts, s_final, masks};
 }
 
 // Gradients of delta_forward's (o, S_final): dq, dk, dv, dbeta, dx (the log decays' gradient, final
 // state's term included; empty without decay) and dS0.
 std::vector<torch::Tensor> delta_backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor beta,
                                           torch::Tensor x, torch::Tensor starts, torch::Tensor s_final,
-                                          torch::Tensor dout, torch::Tensor ds_final) {
+                                          torch::Tensor dout, torch::Tensor ds_final, torch::Tensor masks) {
   for (auto* t : {&q, &k, &v, &beta, &starts, &s_final}) check(*t, "saved tensors");
+  if (masks.numel()) check(masks, "saved decay masks");
   dout = dout.contiguous();
   ds_final = ds_final.contiguous();
   const bool gated = x.numel() > 0;
@@ -191,8 +199,9 @@ std::vector<torch::Tensor> delta_backward(torch::Tensor q, torch::Tensor k, torc
     Kernel::backward(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                      beta.data_ptr<scalar_t>(), gated ? x.data_ptr<scalar_t>() : nullptr,
                      starts.data_ptr<scalar_t>(), s_final.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(),
-                     ds_final.data_ptr<scalar_t>(), dq.data_ptr<scalar_t>(), dkk.data_ptr<scalar_t>(),
-                     dvv.data_ptr<scalar_t>(), dbeta.data_ptr<scalar_t>(),
+                     ds_final.data_ptr<scalar_t>(), masks.numel() ? masks.data_ptr<scalar_t>() : nullptr,
+                     dq.data_ptr<scalar_t>(), dkk.data_ptr<scalar_t>(), dvv.data_ptr<scalar_t>(),
+                     dbeta.data_ptr<scalar_t>(),
                      gated ? dx.data_ptr<scalar_t>() : nullptr, ds0.data_ptr<scalar_t>(), m, n, c, dk, dv);
   });
   return {dq, dkk, dvv, dbeta, dx, ds0};

@@ -162,14 +162,15 @@ struct GatedKernel {  // gated_cpu.cpp
 template <typename T>
 struct DeltaKernel {  // delta_cpu.cpp
   // beta (M, N, C); optional x (M, N, C) log decays (none: the plain delta rule) and s0. Writes o,
-  // the entering states S and S_final.
+  // the entering states S and S_final, and, where masks is not null (only with x), every chunk's
+  // decay mask for the backward pass (M, N, C (C + 1) / 2: the lower triangle row by row).
   static void forward(const T* q, const T* k, const T* v, const T* beta, const T* x, const T* s0, T* o,
-                      T* starts, T* s_final, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv);
+                      T* starts, T* s_final, T* masks, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv);
   // Gradients of forward's (o, S_final): writes dq, dk, dv, dbeta, dx (only with x: the log
-  // decays' gradient, the final state's term included) and dS0.
+  // decays' gradient, the final state's term included) and dS0. masks: the forward's, or null.
   static void backward(const T* q, const T* k, const T* v, const T* beta, const T* x, const T* starts,
-                       const T* s_fin, const T* dout, const T* ds_final, T* dq, T* dk_, T* dv_, T* dbeta,
-                       T* dx, T* ds0, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv);
+                       const T* s_fin, const T* dout, const T* ds_final, const T* masks, T* dq, T* dk_, T* dv_,
+                       T* dbeta, T* dx, T* ds0, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv);
 };
 
 template <typename T>

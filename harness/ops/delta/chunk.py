@@ -149,24 +149,29 @@ class DeltaChunkCPU(FoldsMembers, torch.autograd.Function):
     """The chunk form through the fused CPU kernel (harness/ops/delta/delta_cpu.cpp), with a
     hand-written backward pass: each thread walks whole sequences chunk by chunk (per chunk the
     module docstring's products, U by one triangular solve), recomputing a chunk's factors in
-    the backward pass instead of saving them. q, k (M, N, C, Dk), v (M, N, C, Dv), beta and x
-    (M, N, C) (x None: no decay), s0 (M, Dk, Dv) or None, contiguous, one dtype; the log decays'
-    gradient comes back summed over time (see the kernel's comment for its identity)."""
+    the backward pass instead of saving them, except learned decays' masks (a chunk's lower
+    triangle), whose exponentials would otherwise be paid twice. q, k (M, N, C, Dk),
+    v (M, N, C, Dv), beta and x (M, N, C) (x None: no decay), s0 (M, Dk, Dv) or None,
+    contiguous, one dtype; the log decays' gradient comes back summed over time (see the
+    kernel's comment for its identity)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, x, s0):
         empty = q.new_empty(0)
         x_ = empty if x is None else x
-        o, starts, s_final = fused_cpu.kernels().delta_forward(q, k, v, beta, x_, empty if s0 is None else s0)
-        ctx.save_for_backward(q, k, v, beta, x_, starts, s_final)
+        # learned log decays (their gradient wanted) keep their masks for the backward pass
+        o, starts, s_final, masks = fused_cpu.kernels().delta_forward(q, k, v, beta, x_, empty if s0 is None else s0,
+                                                                      ctx.needs_input_grad[4])
+        ctx.save_for_backward(q, k, v, beta, x_, starts, s_final, masks)
         ctx.gated = x is not None
         return o, s_final
 
     @staticmethod
     @once_differentiable
     def backward(ctx, do, ds_final):
-        q, k, v, beta, x, starts, s_final = ctx.saved_tensors
-        dq, dk, dv, dbeta, dx, ds0 = fused_cpu.kernels().delta_backward(q, k, v, beta, x, starts, s_final, do, ds_final)
+        q, k, v, beta, x, starts, s_final, masks = ctx.saved_tensors
+        dq, dk, dv, dbeta, dx, ds0 = fused_cpu.kernels().delta_backward(q, k, v, beta, x, starts, s_final, do, ds_final,
+                                                                        masks)
         need = ctx.needs_input_grad
         return dq, dk, dv, dbeta, dx if ctx.gated and need[4] else None, ds0 if need[5] else None
 

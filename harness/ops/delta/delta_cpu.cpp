@@ -34,10 +34,14 @@ struct DeltaScratch {
         u(c * dv), du(c * dv), tmp(c * std::max(dk, dv)), b(c), g(c), f(c) {}
 };
 
-// The chunk's forward quantities up to U (everything o, S' and the backward pass need).
+// The chunk's forward quantities up to U (everything o, S' and the backward pass need). With a
+// decay, G's lower triangle (c (c + 1) / 2 exponentials, row i from i (i + 1) / 2) is written to
+// keep_g where given (the forward of learned decays), or read from kept_g where given (their
+// backward): the same values either way.
 template <typename T>
 void delta_chunk_state(const T* Q, const T* K, const T* V, const T* Bt, const T* X, const T* S, int64_t c,
-                       int64_t dk, int64_t dv, DeltaScratch<T>& w) {
+                       int64_t dk, int64_t dv, DeltaScratch<T>& w, const T* kept_g = nullptr,
+                       T* keep_g = nullptr) {
   T* gam = w.gam.data();
   if (X) {
     T acc = 0;
@@ -45,7 +49,13 @@ void delta_chunk_state(const T* Q, const T* K, const T* V, const T* Bt, const T*
     for (int64_t i = 0; i < c; ++i) {
       w.g[i] = std::exp(w.b[i]);
       w.f[i] = std::exp(w.b[c - 1] - w.b[i]);
-      for (int64_t j = 0; j <= i; ++j) gam[i * c + j] = std::exp(w.b[i] - w.b[j]);
+      const int64_t row = i * (i + 1) / 2;
+      if (kept_g) {
+        std::copy(kept_g + row, kept_g + row + i + 1, gam + i * c);
+      } else {
+        for (int64_t j = 0; j <= i; ++j) gam[i * c + j] = std::exp(w.b[i] - w.b[j]);
+        if (keep_g) std::copy(gam + i * c, gam + i * c + i + 1, keep_g + row);
+      }
       std::fill(gam + i * c + i + 1, gam + (i + 1) * c, T(0));
       for (int64_t d = 0; d < dk; ++d) {
         w.qg[i * dk + d] = w.g[i] * Q[i * dk + d];
@@ -80,7 +90,8 @@ void delta_chunk_state(const T* Q, const T* K, const T* V, const T* Bt, const T*
 
 template <typename T>
 void DeltaKernel<T>::forward(const T* q, const T* k, const T* v, const T* beta, const T* x, const T* s0, T* o,
-                             T* starts, T* s_final, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv) {
+                             T* starts, T* s_final, T* masks, int64_t m, int64_t n, int64_t c, int64_t dk,
+                             int64_t dv) {
   parallel_sequences(m, [&](int64_t first, int64_t last) {
     DeltaScratch<T> w(c, dk, dv);
     for (int64_t s = first; s < last; ++s) {
@@ -91,7 +102,8 @@ void DeltaKernel<T>::forward(const T* q, const T* k, const T* v, const T* beta, 
         T* start = starts + ch * dk * dv;
         std::copy(S, S + dk * dv, start);
         delta_chunk_state<T>(q + ch * c * dk, k + ch * c * dk, v + ch * c * dv, beta + ch * c,
-                             x ? x + ch * c : nullptr, start, c, dk, dv, w);
+                             x ? x + ch * c : nullptr, start, c, dk, dv, w, nullptr,
+                             masks ? masks + ch * c * (c + 1) / 2 : nullptr);
         T* O = o + ch * c * dv;
         mm<T>(false, false, c, dv, dk, w.qg.data(), dk, start, dv, T(0), O, dv);  // (g q) S
         mm<T>(false, false, c, dv, c, w.pm.data(), c, w.u.data(), dv, T(1), O, dv);  // + P U
@@ -106,8 +118,9 @@ void DeltaKernel<T>::forward(const T* q, const T* k, const T* v, const T* beta, 
 
 template <typename T>
 void DeltaKernel<T>::backward(const T* q, const T* k, const T* v, const T* beta, const T* x, const T* starts,
-                              const T* s_fin, const T* dout, const T* ds_final, T* dq, T* dk_, T* dv_, T* dbeta,
-                              T* dx, T* ds0, int64_t m, int64_t n, int64_t c, int64_t dk, int64_t dv) {
+                              const T* s_fin, const T* dout, const T* ds_final, const T* masks, T* dq, T* dk_,
+                              T* dv_, T* dbeta, T* dx, T* ds0, int64_t m, int64_t n, int64_t c, int64_t dk,
+                              int64_t dv) {
   parallel_sequences(m, [&](int64_t first, int64_t last) {
     DeltaScratch<T> w(c, dk, dv);
     std::vector<T> dp(c * c), dkk(c * c), dy(c * dv);
@@ -132,7 +145,8 @@ void DeltaKernel<T>::backward(const T* q, const T* k, const T* v, const T* beta,
         T* dK = dk_ + ch * c * dk;
         T* dV = dv_ + ch * c * dv;
         T* dB = dbeta + ch * c;
-        delta_chunk_state<T>(Q, K, V, Bt, x ? x + ch * c : nullptr, S, c, dk, dv, w);
+        delta_chunk_state<T>(Q, K, V, Bt, x ? x + ch * c : nullptr, S, c, dk, dv, w,
+                             masks ? masks + ch * c * (c + 1) / 2 : nullptr);
         T* tmp = w.tmp.data();
         const T* gam = w.gam.data();
         // dU = (f k) G' + P^T dO
