@@ -96,9 +96,12 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch, capsys, tmp_path)
 def decay_outputs_and_grads(use_fused, q, k, v, x, s0, monkeypatch, x_learned=True):
     """Outputs and gradients; x_learned False: the log decays are constants, as RetNet's are."""
     monkeypatch.setattr(fused, "_enabled", use_fused)
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, x if x_learned else None, s0) if t is not None]
+    learned = (q, k, v, x if x_learned else None, s0)
+    leaves = [t.detach().clone().requires_grad_() for t in learned if t is not None]
     it = iter(leaves)
-    args = [(x if t is x and not x_learned else next(it)) if t is not None else None for t in (q, k, v, x, s0)]
+    args = [next(it) if t is not None else None for t in learned]
+    if not x_learned:
+        args[3] = x
     out = decay_chunk(*args)
     expected = DecayChunkCPU if use_fused else DecayChunk
     assert type(out[0].grad_fn).__name__ == f"{expected.__name__}Backward"

@@ -67,7 +67,8 @@ std::vector<torch::Tensor> backward(torch::Tensor q, torch::Tensor k, torch::Ten
 // gives torch::empty (a pass over memory as large as the masks).
 torch::Tensor kept_masks(bool keep, int64_t m, int64_t n, int64_t c, const torch::Tensor& like) {
   if (!keep) return torch::empty({0}, like.options());
-  return at::Tensor(at::detail::empty_cpu({m, n, c * (c + 1) / 2}, like.scalar_type(), false, std::nullopt));
+  return at::Tensor(
+      at::detail::empty_cpu({m, n, harness_cpu::kept_row(c)}, like.scalar_type(), false, std::nullopt));
 }
 
 // q, k: (M, N, C, Dk); v: (M, N, C, Dv); x: (M, N, C) log decays; s0 (M, Dk, Dv) or empty.

@@ -98,6 +98,19 @@ void start_state(T* state, const T* init, int64_t s, int64_t size) {
   if (init) std::copy(init + s * size, init + (s + 1) * size, state); else std::fill(state, state + size, T(0));
 }
 
+// A chunk's (c x c) decay mask as a forward pass keeps it for its backward pass (learned decays):
+// the lower triangle row by row, kept_row(c) values, row i from kept_row(i).
+inline int64_t kept_row(int64_t i) { return i * (i + 1) / 2; }
+
+// A kept mask back to (c x c), zeros above the diagonal.
+template <typename T>
+void unpack_kept(const T* kept, int64_t c, T* mask) {
+  for (int64_t i = 0; i < c; ++i) {
+    std::copy(kept + kept_row(i), kept + kept_row(i) + i + 1, mask + i * c);
+    std::fill(mask + i * c + i + 1, mask + (i + 1) * c, T(0));
+  }
+}
+
 // One BLAS thread inside each task: the tasks already use every core.
 struct SerialBlas {
   int previous;

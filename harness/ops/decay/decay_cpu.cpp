@@ -54,27 +54,15 @@ T* compute_mask(T* mask, const T* b, int64_t c) {
   return mask;
 }
 
-// A chunk's mask kept for the backward pass: its lower triangle row by row, c (c + 1) / 2 values
-// (row i from i (i + 1) / 2). Here a = q k^T is masked in place as decay_mask masks it, each
-// factor also written to kept.
+// a = q k^T masked in place as decay_mask masks it, each factor also written to the kept mask
+// (chunk_cpu.h: kept_row), which unpack_kept turns back into the values compute_mask gives.
 template <typename T>
 void decay_mask_keeping(T* a, const T* b, int64_t c, T* kept) {
   for (int64_t i = 0; i < c; ++i) {
-    T* row = kept + i * (i + 1) / 2;
+    T* row = kept + kept_row(i);
     for (int64_t j = 0; j <= i; ++j) a[i * c + j] *= (row[j] = std::exp(b[i] - b[j]));
     std::fill(a + i * c + i + 1, a + (i + 1) * c, T(0));
   }
-}
-
-// A kept mask back to (c x c), zeros above the diagonal: the values compute_mask gives.
-template <typename T>
-const T* unpack_mask(const T* kept, int64_t c, T* mask) {
-  for (int64_t i = 0; i < c; ++i) {
-    const T* row = kept + i * (i + 1) / 2;
-    std::copy(row, row + i + 1, mask + i * c);
-    std::fill(mask + i * c + i + 1, mask + (i + 1) * c, T(0));
-  }
-  return mask;
 }
 
 // The decay mask of a chunk (e^{b_i - b_j} on and below the diagonal, 0 above) depends on the
@@ -92,16 +80,13 @@ const T* unpack_mask(const T* kept, int64_t c, T* mask) {
 template <typename T>
 class MaskCache {
  public:
-  explicit MaskCache(int64_t c) : c_(c) {
-    keys_.reserve(kSlots * c);  // filled slot by slot, without a reallocation
-    masks_.reserve(kSlots * c * c);
-  }
+  explicit MaskCache(int64_t c) : c_(c) {}
 
   bool caching() const { return hits_ > 0 || lookups_ < kGiveUp; }
 
   // The mask of the chunk whose log decays are x and whose prefix sums (decay_factors) are b.
   const T* get(const T* x, const T* b) {
-    if (!caching()) return compute(masks_.data(), b);
+    if (!caching()) return compute_mask(masks_.data(), b, c_);
     ++lookups_;
     for (int i = 0; i < used_; ++i)
       if (std::memcmp(keys_.data() + i * c_, x, c_ * sizeof(T)) == 0) {
@@ -112,17 +97,19 @@ class MaskCache {
     next_ = (next_ + 1) % kSlots;
     used_ = std::min(used_ + 1, kSlots);
     if (masks_.size() < static_cast<size_t>(used_ * c_ * c_)) {  // a new slot
+      if (masks_.empty()) {  // reserved at the first lookup: filled slot by slot, never reallocated
+        keys_.reserve(kSlots * c_);
+        masks_.reserve(kSlots * c_ * c_);
+      }
       keys_.resize(used_ * c_);
       masks_.resize(used_ * c_ * c_);
     }
     std::copy(x, x + c_, keys_.data() + slot * c_);
-    return compute(masks_.data() + slot * c_ * c_, b);
+    return compute_mask(masks_.data() + slot * c_ * c_, b, c_);
   }
 
  private:
   static constexpr int kSlots = 16, kGiveUp = kSlots;
-
-  T* compute(T* mask, const T* b) const { return compute_mask(mask, b, c_); }
 
   int64_t c_;
   std::vector<T> keys_, masks_;
@@ -153,7 +140,7 @@ void ScalarDecayKernel<T>::forward(const T* q, const T* k, const T* v, const T* 
         const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
         mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // q k^T, then the decay mask
         if (masks_out) {
-          decay_mask_keeping(a.data(), b.data(), c, masks_out + ch * c * (c + 1) / 2);
+          decay_mask_keeping(a.data(), b.data(), c, masks_out + ch * kept_row(c));
         } else if (masks.caching()) {
           const T* mask = masks.get(X, b.data());
           for (int64_t i = 0; i < c; ++i) {
@@ -194,8 +181,8 @@ void ScalarDecayKernel<T>::backward(const T* q, const T* k, const T* v, const T*
         const T* dO = dout + ch * c * dv;
         const T* S = starts + ch * dk * dv;
         const T b_end = decay_factors(X, Q, K, c, dk, b.data(), fq.data(), fk.data(), qs.data(), ks.data());
-        const T* mask = masks_in ? unpack_mask(masks_in + ch * c * (c + 1) / 2, c, unpacked.data())
-                                 : masks.get(X, b.data());
+        if (masks_in) unpack_kept(masks_in + ch * kept_row(c), c, unpacked.data());
+        const T* mask = masks_in ? unpacked.data() : masks.get(X, b.data());
         mm<T>(false, true, c, c, dk, Q, dk, K, dk, T(0), a.data(), c);  // A, recomputed
         mm<T>(false, true, c, c, dv, dO, dv, V, dv, T(0), da.data(), c);  // dA = (do v^T) * M
 #pragma omp simd

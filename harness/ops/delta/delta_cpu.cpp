@@ -35,9 +35,9 @@ struct DeltaScratch {
 };
 
 // The chunk's forward quantities up to U (everything o, S' and the backward pass need). With a
-// decay, G's lower triangle (c (c + 1) / 2 exponentials, row i from i (i + 1) / 2) is written to
-// keep_g where given (the forward of learned decays), or read from kept_g where given (their
-// backward): the same values either way.
+// decay, G (c (c + 1) / 2 exponentials) is kept in keep_g where given (the forward of learned
+// decays), or read from kept_g where given (their backward; chunk_cpu.h: kept_row): the same
+// values either way.
 template <typename T>
 void delta_chunk_state(const T* Q, const T* K, const T* V, const T* Bt, const T* X, const T* S, int64_t c,
                        int64_t dk, int64_t dv, DeltaScratch<T>& w, const T* kept_g = nullptr,
@@ -46,17 +46,15 @@ void delta_chunk_state(const T* Q, const T* K, const T* V, const T* Bt, const T*
   if (X) {
     T acc = 0;
     for (int64_t i = 0; i < c; ++i) w.b[i] = (acc += X[i]);
+    if (kept_g) unpack_kept(kept_g, c, gam);
     for (int64_t i = 0; i < c; ++i) {
       w.g[i] = std::exp(w.b[i]);
       w.f[i] = std::exp(w.b[c - 1] - w.b[i]);
-      const int64_t row = i * (i + 1) / 2;
-      if (kept_g) {
-        std::copy(kept_g + row, kept_g + row + i + 1, gam + i * c);
-      } else {
+      if (!kept_g) {
         for (int64_t j = 0; j <= i; ++j) gam[i * c + j] = std::exp(w.b[i] - w.b[j]);
-        if (keep_g) std::copy(gam + i * c, gam + i * c + i + 1, keep_g + row);
+        std::fill(gam + i * c + i + 1, gam + (i + 1) * c, T(0));
+        if (keep_g) std::copy(gam + i * c, gam + i * c + i + 1, keep_g + kept_row(i));
       }
-      std::fill(gam + i * c + i + 1, gam + (i + 1) * c, T(0));
       for (int64_t d = 0; d < dk; ++d) {
         w.qg[i * dk + d] = w.g[i] * Q[i * dk + d];
         w.kg[i * dk + d] = w.g[i] * K[i * dk + d];
@@ -103,7 +101,7 @@ void DeltaKernel<T>::forward(const T* q, const T* k, const T* v, const T* beta, 
         std::copy(S, S + dk * dv, start);
         delta_chunk_state<T>(q + ch * c * dk, k + ch * c * dk, v + ch * c * dv, beta + ch * c,
                              x ? x + ch * c : nullptr, start, c, dk, dv, w, nullptr,
-                             masks ? masks + ch * c * (c + 1) / 2 : nullptr);
+                             masks ? masks + ch * kept_row(c) : nullptr);
         T* O = o + ch * c * dv;
         mm<T>(false, false, c, dv, dk, w.qg.data(), dk, start, dv, T(0), O, dv);  // (g q) S
         mm<T>(false, false, c, dv, c, w.pm.data(), c, w.u.data(), dv, T(1), O, dv);  // + P U
@@ -146,7 +144,7 @@ void DeltaKernel<T>::backward(const T* q, const T* k, const T* v, const T* beta,
         T* dV = dv_ + ch * c * dv;
         T* dB = dbeta + ch * c;
         delta_chunk_state<T>(Q, K, V, Bt, x ? x + ch * c : nullptr, S, c, dk, dv, w,
-                             masks ? masks + ch * c * (c + 1) / 2 : nullptr);
+                             masks ? masks + ch * kept_row(c) : nullptr);
         T* tmp = w.tmp.data();
         const T* gam = w.gam.data();
         // dU = (f k) G' + P^T dO
