@@ -1,11 +1,15 @@
-"""Which device a run uses, and how much memory it has: the facts resource checks start from."""
+"""Which device a run uses, how it runs there (its determinism settings), and how much memory it
+has: the facts resource checks start from."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
+from typing import Iterator
 
 import torch
+import torch.utils.deterministic
 
 LIMIT_ENV = "HARNESS_MEMORY_LIMIT"  # e.g. "8GiB": a smaller limit than the device's (shared machines, tests)
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
@@ -20,6 +24,33 @@ def select_device(spec: str) -> torch.device:
     if spec.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"trainer.device={spec} but no CUDA device is available")
     return torch.device(spec)
+
+
+def set_run_determinism(device: torch.device) -> None:
+    """What every training run (solo or grouped) sets on a CPU: torch's deterministic algorithms,
+    without the NaN fill of every fresh tensor that deterministic mode adds by default.
+
+    The fill makes a read of uninitialised memory reproducible; no operator of a run reads one
+    (tests/test_determinism_fill.py trains every built-in mixer with the fill on and off and finds
+    the same losses and gradients to the bit), so it only costs time: at the findings shapes, a
+    fill of every operator's output is 3-8% of a run's CPU time (docs/benchmarks.md)."""
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+@contextlib.contextmanager
+def kept_determinism() -> Iterator[None]:
+    """Restores torch's determinism settings on exit: for in-process callers of the training
+    loops (the benchmarks, the tests), which set them (set_run_determinism)."""
+    algorithms = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(algorithms, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def format_bytes(n: float) -> str:

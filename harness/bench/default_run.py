@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from harness.devices import kept_determinism, set_run_determinism
+
 # What the run is told beyond the user's command (WANDB_MODE=disabled, as in the quick start): no
 # progress lines, the benchmark's threads, a temporary output directory.
 QUIET = ("trainer.progress=false",)
@@ -72,16 +74,13 @@ def default_run_cost(overrides: list[str] | None = None, *, rounds: int = 1, dev
     overrides = list(overrides or [])
     threads = torch.get_num_threads()
     runs, bare = [], []
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    try:
+    with kept_determinism():
         for _ in range(rounds):
             runs.append(time_default_run([*overrides, f"trainer.device={device}"], threads))
             with tempfile.TemporaryDirectory(prefix="harness-bench-run-") as tmp:
                 plan = loop_plan(overrides, runs[-1]["steps"], device, Path(tmp))
-                torch.use_deterministic_algorithms(device == "cpu", warn_only=True)  # as the run has them
+                set_run_determinism(plan.device)  # as the run has them
                 bare.append(runs[-1]["steps"] / time_bare_loop(plan, runs[-1]["steps"]))
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
     parts = {k: median([r["parts"][k] for r in runs]) for k in runs[0]["parts"]}
     bare_s = median(bare)
     return {"ratio": parts["process"] / bare_s, "run_s": parts["process"], "bare_s": bare_s, "parts": parts,

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness.bench.timing import median, sync
+from harness.devices import kept_determinism
 
 # The quick profile's shapes: capacity's d_model 8 (and 16), sharpness's d_model 32, a 4-layer hybrid.
 CAPACITY = ["+experiment=capacity", "task.num_pairs=8"]
@@ -133,15 +134,14 @@ def group_table(shapes: dict[str, list[str]] | None = None, sizes: Sequence[int]
                 **kw) -> list[dict]:
     """The rows of every shape on ``device``; on a CPU with one torch thread (restored after)."""
     threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
     if torch.device(device).type == "cpu":
         torch.set_num_threads(1)
     try:
-        return [row for name, overrides in (shapes or SHAPES).items()
-                for row in shape_rows(name, overrides, sizes, device=device, **kw)]
+        with kept_determinism():  # the loops set a run's (harness.devices.set_run_determinism)
+            return [row for name, overrides in (shapes or SHAPES).items()
+                    for row in shape_rows(name, overrides, sizes, device=device, **kw)]
     finally:
         torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
 
 
 def format_table(rows: list[dict]) -> str:

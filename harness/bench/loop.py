@@ -32,6 +32,7 @@ import torch
 
 from harness.bench.timing import median, sync
 from harness.config.plan import RunPlan
+from harness.devices import kept_determinism
 
 
 def _loop_overrides(overrides: list[str], steps: int, device: str, out_dir: Path) -> list[str]:
@@ -159,16 +160,12 @@ def extras_ratio(overrides: list[str] | None = None, *, steps: int = 200, rounds
     """Plain-loop steps/s over real-loop steps/s (>= 1: what the extras cost), medians of
     `rounds` alternating runs of each."""
     overrides = list(overrides or [])
-    deterministic = torch.are_deterministic_algorithms_enabled()
     loop_rates, plain_rates = [], []
-    try:
-        with tempfile.TemporaryDirectory(prefix="harness-bench-loop-") as tmp:
-            plan = loop_plan(overrides, steps, device, Path(tmp))
-            for _ in range(rounds):
-                loop_rates.append(time_train_loop(plan))
-                plain_rates.append(time_plain_loop(plan, steps))
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
+    with kept_determinism(), tempfile.TemporaryDirectory(prefix="harness-bench-loop-") as tmp:
+        plan = loop_plan(overrides, steps, device, Path(tmp))
+        for _ in range(rounds):
+            loop_rates.append(time_train_loop(plan))
+            plain_rates.append(time_plain_loop(plan, steps))
     loop, plain = median(loop_rates), median(plain_rates)
     return {"ratio": plain / loop, "loop_steps_per_s": loop, "plain_steps_per_s": plain,
             "loop_samples": loop_rates, "plain_samples": plain_rates, "steps": steps, "rounds": rounds,
@@ -180,16 +177,12 @@ def loop_efficiency(overrides: list[str] | None = None, *, steps: int = 200, rou
                     device: str = "cpu") -> dict[str, Any]:
     """Real-loop steps/s over bare steps/s, medians of `rounds` alternating runs of each."""
     overrides = list(overrides or [])
-    deterministic = torch.are_deterministic_algorithms_enabled()
     loop_rates, bare_rates = [], []
-    try:
-        with tempfile.TemporaryDirectory(prefix="harness-bench-loop-") as tmp:
-            plan = loop_plan(overrides, steps, device, Path(tmp))
-            for _ in range(rounds):
-                loop_rates.append(time_train_loop(plan))  # train() sets its own determinism flags,
-                bare_rates.append(time_bare_loop(plan, steps))  # which the bare loop then shares
-    finally:
-        torch.use_deterministic_algorithms(deterministic)
+    with kept_determinism(), tempfile.TemporaryDirectory(prefix="harness-bench-loop-") as tmp:
+        plan = loop_plan(overrides, steps, device, Path(tmp))
+        for _ in range(rounds):
+            loop_rates.append(time_train_loop(plan))  # train() sets its own determinism flags,
+            bare_rates.append(time_bare_loop(plan, steps))  # which the bare loop then shares
     loop, bare = median(loop_rates), median(bare_rates)
     return {"efficiency": loop / bare, "loop_steps_per_s": loop, "bare_steps_per_s": bare,
             "loop_samples": loop_rates, "bare_samples": bare_rates, "steps": steps, "rounds": rounds,

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from harness.config.plan import RunPlan
+from harness.devices import set_run_determinism
 from harness.errors import OutOfMemory, first_line, is_out_of_memory
 from harness.model import label
 from harness.outputs.results import METRICS_FILE, MetricsLog, base_results
@@ -81,8 +82,7 @@ def start(plan: RunPlan, out_dir: Path, resume: dict[str, Any] | None = None,
         print(f"[harness] evaluation in pieces of {plan.eval_tokens:,} tokens (trainer.eval_tokens="
               f"{tr.eval_tokens:,} at once would not fit)")
     torch.manual_seed(cfg.seed)
-    if device.type == "cpu":
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    set_run_determinism(device)
     module, tcfg = plan.module, plan.tcfg
     eval_sets = make_eval_sets(module, tcfg, tr, cfg.seed, device)  # test: reported at the end
     # validation at the training length, every eval_every steps: what early stopping watches

@@ -29,6 +29,7 @@ import torch
 
 from harness.config.plan import RunPlan
 from harness.config.schema import TrainerConfig
+from harness.devices import set_run_determinism
 from harness.model import LanguageModel
 from harness.train.evaluate import EvalSet, evaluate, make_eval_sets, periodic_sets
 from harness.train.group.data import MemberBatches
@@ -117,8 +118,7 @@ def start_group(plans: Sequence[RunPlan], dtype: Optional[torch.dtype] = None,
         if reason is not None:
             raise ValueError(f"run {i} cannot train in this group: {reason}")
     device = plans[0].device
-    if device.type == "cpu":  # as a solo run (harness.train.loop.start)
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    set_run_determinism(device)  # as a solo run (harness.train.loop.start)
     members = [_member(i, plan, dtype) for i, plan in enumerate(plans)]
     if resume is not None:
         _check_resume(resume, plans)
