@@ -45,3 +45,35 @@ def test_fused_float32_and_causal(monkeypatch):
     x2 = x.clone()
     x2[:, 30] += 1.0  # a change at t = 30 moves nothing before it
     assert torch.equal(causal_conv(x2, w, bias)[:, :30], causal_conv(x, w, bias)[:, :30])
+
+
+@pytest.mark.skipif(fused._load() is None, reason="the fused kernel could not be built here")
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64))
+@pytest.mark.parametrize("threads", (1, 2))
+@pytest.mark.parametrize("shape", [(3, 4, 9, 24, 4), (2, 1, 2, 5, 4), (4, 3, 7, 37, 3)])
+def test_members_each_get_their_solo_call_to_the_bit(shape, threads, dtype):
+    """A group's call (members' sequences in blocks, taps (G, K, C), bias (G, C)) gives each
+    member what the call with its block and taps alone gives: the same output and gradients."""
+    from harness.ops.conv.forms import CausalConvCPU
+
+    members, b, t, c, size = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(members * b, t, c, generator=gen, dtype=dtype)
+    w = torch.randn(members, c, size, generator=gen, dtype=dtype)
+    bias = torch.randn(members, c, generator=gen, dtype=dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y, got = outputs_and_grads(CausalConvCPU.apply, x, w, bias)
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(dtype)
+        for g in range(members):
+            rows = slice(g * b, (g + 1) * b)
+            leaves = [t_.detach().clone().requires_grad_() for t_ in (x[rows], w[g], bias[g])]
+            alone = CausalConvCPU.apply(*leaves)
+            want = [alone.detach(), *torch.autograd.grad(alone, leaves, dy[rows])]
+            assert torch.equal(got[0][rows], want[0]) and torch.equal(got[1][rows], want[1])
+            assert torch.equal(got[2][g], want[2]) and torch.equal(got[3][g], want[3])
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RuntimeError, match="do not divide"):
+        fused.kernels().conv_forward(x[:-1].contiguous(), w.transpose(1, 2).contiguous(), bias)

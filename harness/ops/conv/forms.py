@@ -22,28 +22,24 @@ from ..common.members import FoldsMembers, member_first
 
 class CausalConvCPU(FoldsMembers, torch.autograd.Function):
     """(x, weight, bias) -> y through the fused CPU kernel; the kernel wants the taps as (K, C).
-    A group's members (harness.ops.common.members) fold into the channels: each member's taps
-    are its own, and a depthwise convolution never mixes channels."""
+    A group's members (harness.ops.common.members) fold into the batch, each member's block of
+    sequences with its own taps and bias (weight (G, C, K), bias (G, C)): the layout vmap holds
+    them in, so nothing is copied on the way in or out."""
 
     @staticmethod
     def fold_members(size, in_dims, args):
         (x, weight, bias), (dx, dw, db) = args, in_dims
         x = member_first(x, dx, size)  # (G, B, T, C)
-        g, b, t, c = x.shape
-        x = x.permute(1, 2, 0, 3).reshape(b, t, g * c).contiguous()  # (B, T, G C)
-        weight, bias = member_first(weight, dw, size), member_first(bias, db, size)  # (G, C, K), (G, C)
-        return (x, weight.reshape(g * c, -1), bias.reshape(g * c)), c
+        x = x.reshape(size * x.shape[1], *x.shape[2:]).contiguous()  # (G B, T, C)
+        return (x, member_first(weight, dw, size), member_first(bias, db, size)), None  # (G, C, K), (G, C)
 
     @staticmethod
-    def unfold_members(size, y, c):
-        b, t, _ = y.shape
-        # members first again, in memory too: the elementwise ops after it (a feature map, its
-        # backward) run several times slower on the interleaved layout
-        return y.view(b, t, size, c).permute(2, 0, 1, 3).contiguous(), 0  # (G, B, T, C)
+    def unfold_members(size, y, how):
+        return y.view(size, y.shape[0] // size, *y.shape[1:]), 0  # (G, B, T, C)
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        w = weight.t().contiguous()  # (K, C)
+        w = weight.transpose(-1, -2).contiguous()  # (K, C), or (G, K, C) for a group's members
         ctx.save_for_backward(x, w)
         return fused_cpu.kernels().conv_forward(x, w, bias.contiguous())
 
@@ -52,7 +48,7 @@ class CausalConvCPU(FoldsMembers, torch.autograd.Function):
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         dx, dw, dbias = fused_cpu.kernels().conv_backward(x, w, dy)
-        return dx, dw.t(), dbias
+        return dx, dw.transpose(-1, -2), dbias
 
 
 def _shifted(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -208,30 +208,45 @@ std::vector<torch::Tensor> delta_backward(torch::Tensor q, torch::Tensor k, torc
   return {dq, dkk, dvv, dbeta, dx, ds0};
 }
 
-// x (B, T, C), w (K, C), bias (C) -> y (B, T, C).
+// The taps' shape says how many members share the call: w (K, C), bias (C), or w (G, K, C),
+// bias (G, C) for G members of B / G sequences each. Returns (K, C, members).
+std::tuple<int64_t, int64_t, int64_t> conv_sizes(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 || w.dim() == 3, "conv: weight (K, C) or (members, K, C), got ", w.dim(), " dimensions");
+  const int64_t members = w.dim() == 3 ? w.size(0) : 1;
+  const int64_t K = w.size(-2), C = w.size(-1);
+  TORCH_CHECK(x.size(2) == C, "conv: x has ", x.size(2), " channels, the weight ", C);
+  TORCH_CHECK(x.size(0) % members == 0, "conv: ", x.size(0), " sequences do not divide among ", members, " members");
+  return {K, C, members};
+}
+
+// x (B, T, C), w (K, C) or (G, K, C), bias (C) or (G, C) -> y (B, T, C).
 torch::Tensor conv_forward(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
   for (auto* t : {&x, &w, &bias}) check(*t, "x, weight, bias");
-  const auto B = x.size(0), L = x.size(1), C = x.size(2), K = w.size(0);
+  const auto [K, C, members] = conv_sizes(x, w);
+  TORCH_CHECK(bias.numel() == members * C, "conv: bias has ", bias.numel(), " elements, not ", members * C);
+  const auto B = x.size(0), L = x.size(1);
   auto y = torch::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_cpu_forward", [&] {
     using Kernel = harness_cpu::ConvKernel<scalar_t>;
     Kernel::forward(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), bias.data_ptr<scalar_t>(),
-                    y.data_ptr<scalar_t>(), B, L, C, K);
+                    y.data_ptr<scalar_t>(), B, L, C, K, members);
   });
   return y;
 }
 
-// Returns dx (B, T, C), dw (K, C), dbias (C).
+// Returns dx (B, T, C), dw shaped as w, dbias (C) or (G, C).
 std::vector<torch::Tensor> conv_backward(torch::Tensor x, torch::Tensor w, torch::Tensor dy) {
   for (auto* t : {&x, &w}) check(*t, "x, weight");
   dy = dy.contiguous();
-  const auto B = x.size(0), L = x.size(1), C = x.size(2), K = w.size(0);
-  auto dx = torch::empty_like(x), dw = torch::empty_like(w), dbias = torch::empty({C}, x.options());
+  const auto [K, C, members] = conv_sizes(x, w);
+  const auto B = x.size(0), L = x.size(1);
+  auto dx = torch::empty_like(x), dw = torch::empty_like(w);
+  auto dbias = w.dim() == 3 ? torch::empty({members, C}, x.options()) : torch::empty({C}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "causal_conv_cpu_backward", [&] {
     using Kernel = harness_cpu::ConvKernel<scalar_t>;
     Kernel::backward(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
                      dx.data_ptr<scalar_t>(), dw.data_ptr<scalar_t>(), dbias.data_ptr<scalar_t>(),
-                     B, L, C, K);
+                     B, L, C, K, members);
   });
   return {dx, dw, dbias};
 }

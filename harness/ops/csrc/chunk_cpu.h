@@ -187,11 +187,12 @@ struct DeltaKernel {  // delta_cpu.cpp
 };
 
 template <typename T>
-struct ConvKernel {  // conv_cpu.cpp; x, y (B, L, C), w (K, C), bias (C)
-  static void forward(const T* x, const T* w, const T* bias, T* y, int64_t B, int64_t L, int64_t C, int64_t K);
-  // Writes dx (B, L, C), dw (K, C), dbias (C).
+struct ConvKernel {  // conv_cpu.cpp; x, y (B, L, C), w (members, K, C), bias (members, C); members divides B
+  static void forward(const T* x, const T* w, const T* bias, T* y, int64_t B, int64_t L, int64_t C, int64_t K,
+                      int64_t members);
+  // Writes dx (B, L, C), dw (members, K, C), dbias (members, C).
   static void backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* dbias, int64_t B, int64_t L,
-                       int64_t C, int64_t K);
+                       int64_t C, int64_t K, int64_t members);
 };
 
 }  // namespace harness_cpu
