@@ -37,6 +37,10 @@ class MemberBatches:
         if len(lengths) > 1:  # the shape signature should have kept such members apart
             raise ValueError(f"members' training batches differ in shape {sorted(lengths)}: they cannot share a group")
         width = max(positions.shape[1] for _, positions, _ in batches)
-        positions = torch.stack([F.pad(p, (0, width - p.shape[1]), value=0) for _, p, _ in batches])
-        targets = torch.stack([F.pad(t, (0, width - t.shape[1]), value=IGNORE) for _, _, t in batches])
+
+        def padded(t: torch.Tensor, value: int) -> torch.Tensor:
+            return t if t.shape[1] == width else F.pad(t, (0, width - t.shape[1]), value=value)
+
+        positions = torch.stack([padded(p, 0) for _, p, _ in batches])
+        targets = torch.stack([padded(t, IGNORE) for _, _, t in batches])
         return torch.stack([inputs for inputs, _, _ in batches]), positions, targets
