@@ -331,3 +331,29 @@ def test_an_outside_mixer_joins_a_group_where_a_trial_step_shows_vmap_batches_it
     assert reason is not None and "BranchingMixer: vmap does not batch it" in reason, reason
     groups, alone = group_plans([branching, plan("elu", 1, 3e-3, 4, 6, f"model.name={__name__}.BranchingMixer")])
     assert not groups and all("vmap does not batch it" in why for why in alone.values())
+
+
+@pytest.mark.parametrize("model, extra", [("elu", ()), ("deltanet", ()), HYBRID[:1] + (HYBRID[1:],)],
+                         ids=["elu", "deltanet", "hybrid"])
+def test_the_direct_fold_trains_as_torchs_own_vmap_rule_does(model, extra, monkeypatch):
+    """harness.ops.common.members makes a folded call directly below vmap's level; torch's path
+    for the Function's vmap rule (members.DIRECT off) is its oracle: the same group to the bit."""
+    from harness.ops.common import members
+
+    assert members.DIRECT  # this torch has the bindings, so the tests below exercise the direct path
+    groups, torch_path = {}, []
+    through_torch = members._MemberFold.apply
+
+    def counted(*args):
+        torch_path.append(args[0])
+        return through_torch(*args)
+
+    monkeypatch.setattr(members._MemberFold, "apply", counted)
+    for direct in (True, False):
+        monkeypatch.setattr(members, "DIRECT", direct)
+        torch_path.clear()
+        groups[direct] = train_group([plan(model, s, 3e-3, 2 + s, 6, "trainer.log_every=1", *extra) for s in range(2)])
+        assert bool(torch_path) != direct  # the path under test ran: no call through torch's, or every one
+    for a, b in zip(groups[True], groups[False]):
+        assert [r["train/loss"] for r in a.train_rows] == [r["train/loss"] for r in b.train_rows]
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())

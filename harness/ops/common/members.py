@@ -102,6 +102,13 @@ def fold_call(function: Callable, *tensors: torch.Tensor) -> Any:
     return fold_apply(_Plain(function), *tensors)
 
 
+# The direct fold (fold_apply) uses torch's functorch bindings, which are private: where a torch
+# lacks one of them, every fold takes torch's public path (the same results, slower).
+DIRECT = all(hasattr(functorch, name) for name in (
+    "peek_interpreter_stack", "TransformType", "CVmapInterpreterPtr", "_unwrap_batched", "_add_batch_dim",
+    "pop_dynamic_layer_stack", "push_dynamic_layer_stack"))
+
+
 def fold_apply(folder: Any, *args: Any) -> Any:
     """Under vmap: ``folder.unfold_members(G, folder.run_folded(*folded), how)`` with
     ``folded, how = folder.fold_members(G, in_dims, args)``, run once below the vmap level, where
@@ -115,7 +122,7 @@ def fold_apply(folder: Any, *args: Any) -> Any:
     custom_function_call_vmap_helper), the same operations on the same tensors, without the
     higher-order operator's dispatch around it: about 0.2 ms a call, which at d_model 8 is
     several times a small linear layer's own cost. Anything else takes torch's path."""
-    interpreter = functorch.peek_interpreter_stack()
+    interpreter = functorch.peek_interpreter_stack() if DIRECT else None
     if interpreter is None or interpreter.key() != functorch.TransformType.Vmap:
         return _MemberFold.apply(folder, *args)
     vmap_level = functorch.CVmapInterpreterPtr(interpreter)
