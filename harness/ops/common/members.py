@@ -13,8 +13,11 @@ A Function opts in by listing :class:`FoldsMembers` first among its bases; outsi
 ``apply`` is the Function's own. A plain function torch cannot batch in one call (the fused
 attention kernels: vmap runs them member by member) goes through :func:`fold_call`. The default fold suits Functions whose tensor arguments all
 lead with the batch (q, k, v, states, gates); a Function whose arguments hold per-member
-parameters or a dimension index overrides ``fold_members`` (the short convolution folds the
-members into its channels; the prefix sum into a new leading dimension).
+parameters or a dimension index overrides ``fold_members`` (the short convolution keeps each
+member's taps beside its block of sequences; the prefix sum folds into a new leading dimension).
+Every folded call goes through :func:`fold_apply`, which makes it directly below vmap's level
+(torch's own path for a Function's vmap rule, :class:`_MemberFold`, is its fallback and its
+oracle in the tests).
 """
 
 from __future__ import annotations
