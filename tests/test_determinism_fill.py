@@ -49,6 +49,17 @@ def with_fill(device: torch.device) -> None:
     torch.utils.deterministic.fill_uninitialized_memory = True
 
 
+def fill_on_then_off(monkeypatch, loop_module):
+    """True, then False: while True, ``loop_module`` (the solo or the group loop) keeps the fill;
+    while False, it sets a run's determinism as it does."""
+    for fill in (True, False):
+        if fill:
+            monkeypatch.setattr(loop_module, "set_run_determinism", with_fill)
+        else:
+            monkeypatch.undo()
+        yield fill
+
+
 def test_a_run_sets_deterministic_algorithms_without_the_fill():
     torch.use_deterministic_algorithms(False)
     torch.utils.deterministic.fill_uninitialized_memory = True  # torch's default
@@ -71,11 +82,7 @@ def test_the_fill_would_show_a_read_of_memory_no_operator_wrote():
 @pytest.mark.parametrize("model, extra", CASES, ids=IDS)
 def test_solo_training_is_the_same_to_the_bit_with_the_fill_on(model, extra, tmp_path, monkeypatch):
     runs = {}
-    for fill in (True, False):
-        if fill:
-            monkeypatch.setattr(solo_loop, "set_run_determinism", with_fill)
-        else:
-            monkeypatch.undo()
+    for fill in fill_on_then_off(monkeypatch, solo_loop):
         p = plan(model, 0, extra, tmp_path / str(fill))
         r = solo_loop.start(p, tmp_path / str(fill))
         losses = []
@@ -96,11 +103,7 @@ def test_solo_training_is_the_same_to_the_bit_with_the_fill_on(model, extra, tmp
 @pytest.mark.parametrize("model, extra", CASES, ids=IDS)
 def test_grouped_training_is_the_same_to_the_bit_with_the_fill_on(model, extra, tmp_path, monkeypatch):
     groups = {}
-    for fill in (True, False):
-        if fill:
-            monkeypatch.setattr(group_loop, "set_run_determinism", with_fill)
-        else:
-            monkeypatch.undo()
+    for fill in fill_on_then_off(monkeypatch, group_loop):
         group = train_group([plan(model, s, extra, tmp_path / f"{fill}-{s}") for s in range(2)])
         assert torch.utils.deterministic.fill_uninitialized_memory is fill
         groups[fill] = group
