@@ -148,9 +148,10 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
     from harness.config.compose import CONF_DIR
     from harness.outputs.atomic import write_text
 
-    name = lr_edge.pilot_name(experiment)
+    name = rate_pilot(profile, experiment)
     folder = CONF_DIR / "experiment" / ("" if profile == "quick" else profile)
-    if not (folder / f"{name}.yaml").exists() or len(lr_edge.grid_rates(sweep_params(profile, experiment))) >= 2:
+    params = sweep_params(profile, experiment)
+    if not (folder / f"{name}.yaml").exists() or len(lr_edge.grid_rates(params)) >= 2:
         return {}  # no pilot, or a grid that chooses its rate per point itself
     pilot_dir = root / name
     if not sweep_complete(root, name, profile):
@@ -168,7 +169,20 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
         write_text(pilot_dir / "chosen_rates.csv", table.getvalue())  # whole or not at all
     else:
         warn(f"rate pilot {name}: no finished run; {experiment} runs at its own grid's rates")
-    return lr_edge.rate_groups(choices)
+    # a pilot shared with another experiment chose rates for mixers this grid may not run: only
+    # the grid's own mixers run, each at its chosen rate
+    own = set(params.get("model", ()))
+    return lr_edge.rate_groups([row for row in choices if not own or row["model"] in own])
+
+
+def rate_pilot(profile: str, experiment: str) -> str:
+    """The rate pilot an experiment runs at: ``analysis.rate_pilot`` where its file names one (an
+    experiment trained as another's runs, findings/capacity_length as findings/capacity's, uses
+    that one's choices), else its own, <experiment>_rates."""
+    from omegaconf import OmegaConf
+
+    named = OmegaConf.select(compose_experiment(profile, experiment), "analysis.rate_pilot")
+    return str(named) if named else lr_edge.pilot_name(experiment)
 
 
 def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, params=None) -> list[Path]:

@@ -140,6 +140,32 @@ def test_the_experiment_runs_each_mixer_at_its_pilot_rate(tmp_path, monkeypatch)
     assert (tmp_path / "capacity_rates" / "chosen_rates.csv").read_text().count("\n") == 5
 
 
+def test_an_experiment_trained_as_anothers_runs_at_that_ones_pilot_rate(tmp_path, monkeypatch):
+    """findings/capacity_length names findings/capacity's pilot (analysis.rate_pilot): the
+    pipeline runs its own mixer (retnet) at the rate that pilot chose for it, not at the file's
+    fallback rate, and none of the pilot's other mixers."""
+    from analysis import pipeline
+
+    calls = []
+
+    def runner(cmd, check=False):
+        calls.append(cmd)
+        out = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1].strip("'"))
+        if out.name == "capacity_rates":
+            for i, (model, lr) in enumerate([("elu", 3e-3), ("elu", 1e-2), ("retnet", 3e-3), ("retnet", 1e-2)]):
+                _run(out / str(i), model, lr, 0.9 if (model, lr) in (("elu", 1e-2), ("retnet", 3e-3)) else 0.5)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(pipeline, "extend_edge_rates", lambda *a, **k: [])
+    assert pipeline.rate_pilot("findings", "capacity_length") == "capacity_rates"
+    assert pipeline.rate_pilot("findings", "capacity") == "capacity_rates"  # its own, by name
+    assert pipeline.run_missing_sweeps(tmp_path, ["capacity_length"], "findings", runner) == ["capacity_length"]
+    assert "+experiment=findings/capacity_rates" in calls[0]
+    rest = [" ".join(c) for c in calls[1:]]
+    assert len(rest) == 1 and "+experiment=findings/capacity_length" in rest[0]
+    assert "model=retnet trainer.lr=0.003" in rest[0] and "elu" not in rest[0]
+
+
 def test_a_sweep_the_profile_does_not_have_is_left_out(tmp_path, capsys):
     """A figure may read a sweep only another profile runs: the quick profile runs nothing for it."""
     from analysis import pipeline
