@@ -148,10 +148,13 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
     from harness.config.compose import CONF_DIR
     from harness.outputs.atomic import write_text
 
-    name = rate_pilot(profile, experiment)
     folder = CONF_DIR / "experiment" / ("" if profile == "quick" else profile)
-    params = sweep_params(profile, experiment)
-    if not (folder / f"{name}.yaml").exists() or len(lr_edge.grid_rates(params)) >= 2:
+    try:
+        name = rate_pilot(profile, experiment, folder)
+        params = sweep_params(profile, experiment) if (folder / f"{name}.yaml").exists() else None
+    except Exception:  # an experiment that does not compose: its own sweep reports the error
+        return {}
+    if params is None or len(lr_edge.grid_rates(params)) >= 2:
         return {}  # no pilot, or a grid that chooses its rate per point itself
     pilot_dir = root / name
     if not sweep_complete(root, name, profile):
@@ -175,14 +178,20 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
     return lr_edge.rate_groups([row for row in choices if not own or row["model"] in own])
 
 
-def rate_pilot(profile: str, experiment: str) -> str:
-    """The rate pilot an experiment runs at: ``analysis.rate_pilot`` where its file names one (an
-    experiment trained as another's runs, findings/capacity_length as findings/capacity's, uses
-    that one's choices), else its own, <experiment>_rates."""
+def rate_pilot(profile: str, experiment: str, folder: Path | None = None) -> str:
+    """The rate pilot an experiment runs at: its own, <experiment>_rates, where the profile has
+    one; else ``analysis.rate_pilot`` where its file names one (an experiment trained as another's
+    runs, findings/capacity_length as findings/capacity's, uses that one's choices)."""
     from omegaconf import OmegaConf
 
+    from harness.config.compose import CONF_DIR
+
+    own = lr_edge.pilot_name(experiment)
+    folder = folder or CONF_DIR / "experiment" / ("" if profile == "quick" else profile)
+    if (folder / f"{own}.yaml").exists():
+        return own  # no composing for the experiments with a pilot of their own
     named = OmegaConf.select(compose_experiment(profile, experiment), "analysis.rate_pilot")
-    return str(named) if named else lr_edge.pilot_name(experiment)
+    return str(named) if named else own
 
 
 def extend_edge_rates(root: Path, experiment: str, profile: str, runner=None, params=None) -> list[Path]:

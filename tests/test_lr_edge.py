@@ -166,6 +166,19 @@ def test_an_experiment_trained_as_anothers_runs_at_that_ones_pilot_rate(tmp_path
     assert "model=retnet trainer.lr=0.003" in rest[0] and "elu" not in rest[0]
 
 
+def test_an_experiment_that_does_not_compose_has_no_pilot_and_does_not_stop_the_others(tmp_path, monkeypatch):
+    """Looking for a named pilot composes the experiment; where that fails, the experiment runs
+    without a pilot and its own sweep reports the error (the figures command goes on)."""
+    from analysis import pipeline
+
+    def broken(*args, **kwargs):
+        raise ValueError("does not compose")
+
+    monkeypatch.setattr(pipeline, "compose_experiment", broken)
+    assert pipeline.pilot_rates(tmp_path, "mqar", "quick", runner=lambda *a, **k: 1 / 0) == {}
+    assert pipeline.rate_pilot("quick", "capacity") == "capacity_rates"  # its own: nothing composed
+
+
 def test_a_sweep_the_profile_does_not_have_is_left_out(tmp_path, capsys):
     """A figure may read a sweep only another profile runs: the quick profile runs nothing for it."""
     from analysis import pipeline
