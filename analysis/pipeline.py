@@ -145,13 +145,11 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
     import csv
     import io
 
-    from harness.config.compose import CONF_DIR
     from harness.outputs.atomic import write_text
 
-    folder = CONF_DIR / "experiment" / ("" if profile == "quick" else profile)
     try:
-        name = rate_pilot(profile, experiment, folder)
-        params = sweep_params(profile, experiment) if (folder / f"{name}.yaml").exists() else None
+        name = rate_pilot(profile, experiment)
+        params = sweep_params(profile, experiment) if in_profile(profile, name) else None
     except Exception:  # an experiment that does not compose: its own sweep reports the error
         return {}
     if params is None or len(lr_edge.grid_rates(params)) >= 2:
@@ -178,17 +176,14 @@ def pilot_rates(root: Path, experiment: str, profile: str, runner=None) -> dict:
     return lr_edge.rate_groups([row for row in choices if not own or row["model"] in own])
 
 
-def rate_pilot(profile: str, experiment: str, folder: Path | None = None) -> str:
+def rate_pilot(profile: str, experiment: str) -> str:
     """The rate pilot an experiment runs at: its own, <experiment>_rates, where the profile has
     one; else ``analysis.rate_pilot`` where its file names one (an experiment trained as another's
     runs, findings/capacity_length as findings/capacity's, uses that one's choices)."""
     from omegaconf import OmegaConf
 
-    from harness.config.compose import CONF_DIR
-
     own = lr_edge.pilot_name(experiment)
-    folder = folder or CONF_DIR / "experiment" / ("" if profile == "quick" else profile)
-    if (folder / f"{own}.yaml").exists():
+    if in_profile(profile, own):
         return own  # no composing for the experiments with a pilot of their own
     named = OmegaConf.select(compose_experiment(profile, experiment), "analysis.rate_pilot")
     return str(named) if named else own

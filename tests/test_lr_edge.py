@@ -116,21 +116,28 @@ def test_the_pilot_passes_over_a_rate_whose_rounding_twins_end_apart():
     assert next(r for r in alone if r["chosen"])["lr"] == 3e-2
 
 
+def _pilot_runner(calls: list, scores: dict):
+    """A stand-in for subprocess.run: records each command, and where it is capacity's rate pilot
+    writes one finished run per (model, rate) with that validation score."""
+    def runner(cmd, check=False):
+        calls.append(cmd)
+        out = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1].strip("'"))
+        if out.name == "capacity_rates":
+            for i, ((model, lr), score) in enumerate(scores.items()):
+                _run(out / str(i), model, lr, score)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    return runner
+
+
 def test_the_experiment_runs_each_mixer_at_its_pilot_rate(tmp_path, monkeypatch):
     """capacity has a pilot (capacity_rates.yaml) and one rate: the pipeline runs the pilot, writes
     its choices, then one capacity sweep per chosen rate with that rate's mixers."""
     from analysis import pipeline
 
     calls = []
-
-    def runner(cmd, check=False):
-        calls.append(cmd)
-        out = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1].strip("'"))
-        if out.name == "capacity_rates":
-            for i, (model, lr) in enumerate([("elu", 3e-3), ("elu", 1e-2), ("deltanet", 3e-3), ("deltanet", 1e-2)]):
-                _run(out / str(i), model, lr, 0.9 if (model, lr) in (("elu", 1e-2), ("deltanet", 3e-3)) else 0.5)
-        return subprocess.CompletedProcess(cmd, 0)
-
+    runner = _pilot_runner(calls, {("elu", 3e-3): 0.5, ("elu", 1e-2): 0.9, ("deltanet", 3e-3): 0.9,
+                                   ("deltanet", 1e-2): 0.5})
     monkeypatch.setattr(pipeline, "extend_edge_rates", lambda *a, **k: [])
     assert pipeline.run_missing_sweeps(tmp_path, ["capacity"], "quick", runner) == ["capacity"]
     assert "+experiment=capacity_rates" in calls[0]
@@ -147,15 +154,8 @@ def test_an_experiment_trained_as_anothers_runs_at_that_ones_pilot_rate(tmp_path
     from analysis import pipeline
 
     calls = []
-
-    def runner(cmd, check=False):
-        calls.append(cmd)
-        out = Path(next(c for c in cmd if c.startswith("hydra.sweep.dir=")).split("=", 1)[1].strip("'"))
-        if out.name == "capacity_rates":
-            for i, (model, lr) in enumerate([("elu", 3e-3), ("elu", 1e-2), ("retnet", 3e-3), ("retnet", 1e-2)]):
-                _run(out / str(i), model, lr, 0.9 if (model, lr) in (("elu", 1e-2), ("retnet", 3e-3)) else 0.5)
-        return subprocess.CompletedProcess(cmd, 0)
-
+    runner = _pilot_runner(calls, {("elu", 3e-3): 0.5, ("elu", 1e-2): 0.9, ("retnet", 3e-3): 0.9,
+                                   ("retnet", 1e-2): 0.5})
     monkeypatch.setattr(pipeline, "extend_edge_rates", lambda *a, **k: [])
     assert pipeline.rate_pilot("findings", "capacity_length") == "capacity_rates"
     assert pipeline.rate_pilot("findings", "capacity") == "capacity_rates"  # its own, by name
